@@ -1,0 +1,111 @@
+"""Registry of attention kernels, selected by name.
+
+A kernel turns projected queries, keys and values ``[batch, length, heads, head_dim]`` into per-head outputs.
+The projections, head masks, KV cache and capture live in :class:`attn_lab.attention.MultiHeadAttention`; a kernel
+only decides *how* the heads attend. Adding a variant is one new file with a class decorated by ``@register``:
+the module, the models, the trainer and the tests find it here by name (no ``if/elif`` chains on names).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import jax
+from flax import nnx
+
+KERNELS: dict[str, type["AttentionKernel"]] = {}
+
+
+class AttentionKernel(nnx.Module):
+    """Base class of attention kernels.
+
+    Subclasses take their options as keyword-only constructor arguments (validated by :func:`build_kernel`) and
+    implement :meth:`__call__`. The class attributes say which settings the method defines, so unsupported
+    combinations stop with one clear line before anything compiles (see :meth:`check`).
+    """
+
+    name: ClassVar[str] = ""
+    supports_causal: ClassVar[bool] = True
+    supports_cross: ClassVar[bool] = True
+    supports_decode: ClassVar[bool] = True
+    supports_weights: ClassVar[bool] = True  # can materialize the attention matrix it implies
+
+    def __init__(self, *, num_heads: int, num_kv_heads: int, head_dim: int, rngs: nnx.Rngs | None = None,
+                 dtype: Any = None, param_dtype: Any = None):
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+
+    def check(self, *, causal: bool = False, cross: bool = False, decode: bool = False) -> None:
+        """Raises ValueError (one line) when this kernel does not define the requested use."""
+        for wanted, ok, what in ((causal, self.supports_causal, "causal attention"),
+                                 (cross, self.supports_cross, "cross-attention"),
+                                 (decode, self.supports_decode, "KV-cache decoding")):
+            if wanted and not ok:
+                raise ValueError(f"attention '{self.name}' does not support {what}")
+
+    def __call__(self, query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array | None,
+                 is_causal: bool, dropout_rng: jax.Array | None, dropout_rate: float, broadcast_dropout: bool,
+                 deterministic: bool, precision: Any, need_weights: bool
+                 ) -> tuple[jax.Array, jax.Array | None]:
+        """Attends.
+
+        Args:
+          query: ``[batch, q_len, num_heads, head_dim]``.
+          key, value: ``[batch, kv_len, num_kv_heads, head_dim]`` (grouped-query when num_kv_heads < num_heads).
+          mask: boolean, broadcastable to ``[batch, num_heads, q_len, kv_len]``; False masks a key out.
+          is_causal: overlay a causal mask (query i sees keys j <= i).
+          need_weights: also return the attention matrix ``[batch, num_heads, q_len, kv_len]``.
+
+        Returns:
+          ``(out [batch, q_len, num_heads, head_dim], weights or None)``.
+        """
+        raise NotImplementedError
+
+
+def register(name: str):
+    """Class decorator: registers an :class:`AttentionKernel` subclass under ``name``."""
+    def wrap(cls: type[AttentionKernel]) -> type[AttentionKernel]:
+        if name in KERNELS:
+            raise ValueError(f"attention kernel '{name}' registered twice")
+        cls.name = name
+        KERNELS[name] = cls
+        return cls
+    return wrap
+
+
+def split_spec(spec: str | Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """``'dense'`` or ``{'name': 'dense', **options}`` (a dict or ConfigDict) -> ``(name, options)``."""
+    if spec is None:
+        return "dense", {}
+    if isinstance(spec, str):
+        return spec, {}
+    options = dict(spec.to_dict() if hasattr(spec, "to_dict") else spec)
+    name = options.pop("name", "dense")
+    return name, {k: v for k, v in options.items() if v is not None}
+
+
+def kernel_options(name: str) -> tuple[str, ...]:
+    """The option names a kernel accepts (its keyword-only constructor arguments beyond the shared ones)."""
+    shared = set(inspect.signature(AttentionKernel.__init__).parameters)
+    params = inspect.signature(KERNELS[name].__init__).parameters
+    return tuple(p for p in params if p not in shared and p != "self")
+
+
+def validate_spec(spec: str | Mapping[str, Any] | None, where: str = "attention") -> tuple[str, dict[str, Any]]:
+    """Checks a kernel name and its option names without building anything; raises a one-line ValueError."""
+    name, options = split_spec(spec)
+    if name not in KERNELS:
+        raise ValueError(f"unknown {where}.name '{name}'; registered kernels: {', '.join(sorted(KERNELS))}")
+    allowed = kernel_options(name)
+    for key in options:
+        if key not in allowed:
+            raise ValueError(f"unknown option {where}.{key} for attention '{name}'; "
+                             f"it accepts: {', '.join(allowed) or 'no options'}")
+    return name, options
+
+
+def build_kernel(spec: str | Mapping[str, Any] | None, **context: Any) -> AttentionKernel:
+    """Builds the kernel named by ``spec`` with its options plus the shared context (heads, head_dim, rngs...)."""
+    name, options = validate_spec(spec)
+    return KERNELS[name](**context, **options)
