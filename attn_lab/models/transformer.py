@@ -1,0 +1,237 @@
+"""Transformer encoder-decoder (translation) and encoder classifier, built from one shared block.
+
+Every attention in the models is :class:`attn_lab.attention.MultiHeadAttention`; the three attention *kinds*
+(``encoder_self``, ``decoder_self``, ``cross``) each take their kernel, ``num_kv_heads`` and head mask from config,
+so a head-count, kernel or pruning ablation is a config override, never a copied model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from attn_lab.attention import MultiHeadAttention
+
+KINDS = ("encoder_self", "decoder_self", "cross")
+PAD, BOS, EOS = 0, 1, 2  # the reserved ids of attn_lab.data.tokenizers
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What every block of one forward pass shares (masks, mode, captured intermediates)."""
+    deterministic: bool = True
+    rngs: nnx.Rngs | None = None
+    capture: bool = False
+    decode: bool = False
+
+
+def parse_head_mask(text: str | None, num_layers: int, num_heads: int) -> tuple | None:
+    """``'1,0,1,1'`` (every layer) or ``'1,0,1,1;1,1,1,1'`` (per layer) -> ``[num_layers][num_heads]`` floats.
+
+    Kept as nested tuples: a static part of the model, folded into the compiled step as a constant.
+    """
+    if text is None or str(text).strip() == "":
+        return None
+    rows = [[float(v) for v in row.split(",")] for row in str(text).split(";")]
+    rows = rows * num_layers if len(rows) == 1 else rows
+    if len(rows) != num_layers or any(len(r) != num_heads for r in rows):
+        raise ValueError(f"head_mask '{text}' must have {num_heads} values per row and 1 or {num_layers} rows "
+                         "(rows separated by ';')")
+    return tuple(tuple(r) for r in rows)
+
+
+def make_attention(cfg: Any, kind: str, *, rngs: nnx.Rngs) -> MultiHeadAttention:
+    """One attention layer of ``kind`` from the model config (kind-level overrides win over model-level values)."""
+    over = cfg.kinds[kind]
+    attention = cfg.attention.to_dict() if hasattr(cfg.attention, "to_dict") else dict(cfg.attention)
+    if over.attention is not None:
+        attention["name"] = over.attention
+    return MultiHeadAttention(
+        cfg.num_heads, cfg.d_model, num_kv_heads=over.num_kv_heads or cfg.num_kv_heads, head_dim=cfg.head_dim,
+        attention=attention, dropout_rate=cfg.attention_dropout, use_query_bias=cfg.use_query_bias,
+        use_key_bias=cfg.use_key_bias, use_value_bias=cfg.use_value_bias, use_out_bias=cfg.use_out_bias,
+        decode=False, keep_rngs=False, rngs=rngs)
+
+
+def sinusoidal(length: int, dim: int) -> jax.Array:
+    """Fixed sin/cos position table ``[length, dim]`` (Vaswani et al. 2017, section 3.5)."""
+    pos = np.arange(length)[:, None]
+    inv = np.exp(-math.log(10000.0) * np.arange(0, dim, 2) / dim)[None, :]
+    table = np.zeros((length, dim), np.float32)
+    table[:, 0::2], table[:, 1::2] = np.sin(pos * inv), np.cos(pos * inv[:, : dim // 2])
+    return jnp.asarray(table)
+
+
+class Mlp(nnx.Module):
+    def __init__(self, d_model: int, mlp_dim: int, dropout: float, *, rngs: nnx.Rngs):
+        self.up = nnx.Linear(d_model, mlp_dim, rngs=rngs)
+        self.down = nnx.Linear(mlp_dim, d_model, rngs=rngs)
+        self.dropout = nnx.Dropout(dropout)
+
+    def __call__(self, x: jax.Array, ctx: Ctx) -> jax.Array:
+        return self.down(self.dropout(jax.nn.gelu(self.up(x)), deterministic=ctx.deterministic, rngs=ctx.rngs))
+
+
+class Block(nnx.Module):
+    """The one Transformer block: self-attention, optional cross-attention, MLP; pre-LN or post-LN residuals."""
+
+    def __init__(self, cfg: Any, *, self_kind: str, cross: bool, rngs: nnx.Rngs):
+        self.self_kind = self_kind
+        self.self_attn = make_attention(cfg, self_kind, rngs=rngs)
+        self.cross_attn = make_attention(cfg, "cross", rngs=rngs) if cross else nnx.data(None)
+        self.norms = nnx.List([nnx.LayerNorm(cfg.d_model, rngs=rngs) for _ in range(3 if cross else 2)])
+        self.mlp = Mlp(cfg.d_model, cfg.mlp_dim, cfg.dropout, rngs=rngs)
+        self.dropout = nnx.Dropout(cfg.dropout)
+        self.post_ln = cfg.norm == "post"
+
+    def _residual(self, i: int, x: jax.Array, fn, ctx: Ctx) -> jax.Array:
+        if self.post_ln:  # Vaswani et al.: LN(x + sublayer(x))
+            return self.norms[i](x + self.dropout(fn(x), deterministic=ctx.deterministic, rngs=ctx.rngs))
+        return x + self.dropout(fn(self.norms[i](x)), deterministic=ctx.deterministic, rngs=ctx.rngs)
+
+    def __call__(self, x: jax.Array, ctx: Ctx, *, self_mask, is_causal: bool, head_masks: dict,
+                 memory: jax.Array | None = None, cross_mask: jax.Array | None = None) -> jax.Array:
+        """``x [B, T, d_model]`` -> ``[B, T, d_model]``; ``head_masks[kind]`` is ``[N]`` or ``[B, N]`` or None."""
+        def attend(layer, kind, mask, kv=None, causal=False, decode=False):
+            return lambda h: layer(h, kv, mask=mask, is_causal=causal, head_mask=head_masks.get(kind),
+                                   deterministic=ctx.deterministic, rngs=ctx.rngs, decode=decode,
+                                   sow_weights=ctx.capture, sow_head_outputs=ctx.capture)
+        x = self._residual(0, x, attend(self.self_attn, self.self_kind, self_mask, causal=is_causal and not ctx.decode,
+                                        decode=ctx.decode), ctx)
+        if self.cross_attn is not None:
+            x = self._residual(1, x, attend(self.cross_attn, "cross", cross_mask, kv=memory), ctx)
+        return self._residual(len(self.norms) - 1, x, lambda h: self.mlp(h, ctx), ctx)
+
+
+class Stack(nnx.Module):
+    """Embeddings + positions + N blocks + final LN (pre-LN); shared by the encoder and the decoder."""
+
+    def __init__(self, cfg: Any, embed: nnx.Embed, max_len: int, *, self_kind: str, cross: bool, num_layers: int,
+                 rngs: nnx.Rngs):
+        self.embed = embed
+        self.kinds = (self_kind, "cross") if cross else (self_kind,)
+        self.blocks = nnx.List([Block(cfg, self_kind=self_kind, cross=cross, rngs=rngs) for _ in range(num_layers)])
+        self.final_norm = nnx.LayerNorm(cfg.d_model, rngs=rngs) if cfg.norm == "pre" else nnx.data(None)
+        self.dropout = nnx.Dropout(cfg.dropout)
+        self.learned_pos = (nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (max_len, cfg.d_model)))
+                            if cfg.positions == "learned" else nnx.data(None))
+        self.max_len, self.d_model = max_len, cfg.d_model
+        self.static_masks = {k: parse_head_mask(cfg.kinds[k].head_mask, num_layers, cfg.num_heads)
+                             for k in self.kinds}
+
+    def positions(self, start: jax.Array | int, length: int) -> jax.Array:
+        table = self.learned_pos[...] if self.learned_pos is not None else sinusoidal(self.max_len, self.d_model)
+        return jax.lax.dynamic_slice_in_dim(table, start, length)  # (T, d_model)
+
+    def layer_masks(self, head_masks: dict | None, layer: int) -> dict:
+        """Combines the config's static head masks with call-time masks ``[L, N]`` or ``[B, L, N]`` for one layer."""
+        out = {}
+        for kind in self.kinds:
+            static, given = self.static_masks[kind], (head_masks or {}).get(kind)
+            mask = None if static is None else jnp.asarray(static[layer])
+            if given is not None:
+                given = given[..., layer, :]
+                mask = given if mask is None else given * mask
+            out[kind] = mask
+        return out
+
+    def __call__(self, x: jax.Array, ctx: Ctx, *, start=0, head_masks=None, **block_kw) -> jax.Array:
+        """``x [B, T, d_model]`` embedded tokens -> ``[B, T, d_model]``."""
+        x = x + self.positions(start, x.shape[1])[None]
+        x = self.dropout(x, deterministic=ctx.deterministic, rngs=ctx.rngs)
+        for i, block in enumerate(self.blocks):
+            x = block(x, ctx, head_masks=self.layer_masks(head_masks, i), **block_kw)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+
+def _embed(vocab_size: int, d_model: int, rngs: nnx.Rngs) -> nnx.Embed:
+    return nnx.Embed(vocab_size, d_model, embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
+
+
+class Seq2Seq(nnx.Module):
+    """Encoder-decoder for translation. Token id 0 is padding, 1 is BOS (the decoder's first input)."""
+
+    def __init__(self, cfg: Any, *, vocab_size: int, max_len: int, rngs: nnx.Rngs):
+        src_embed = _embed(vocab_size, cfg.d_model, rngs)
+        tgt_embed = src_embed if cfg.tie_embeddings else _embed(vocab_size, cfg.d_model, rngs)
+        self.encoder = Stack(cfg, src_embed, max_len, self_kind="encoder_self", cross=False,
+                             num_layers=cfg.num_layers, rngs=rngs)
+        self.decoder = Stack(cfg, tgt_embed, max_len, self_kind="decoder_self", cross=True,
+                             num_layers=cfg.num_decoder_layers or cfg.num_layers, rngs=rngs)
+        self.logits_proj = nnx.data(None) if cfg.tie_embeddings else nnx.Linear(cfg.d_model, vocab_size, rngs=rngs)
+
+    def encode(self, inputs: jax.Array, ctx: Ctx = Ctx(), head_masks: dict | None = None) -> jax.Array:
+        """``inputs [B, S]`` token ids -> memory ``[B, S, d_model]``."""
+        valid = inputs != PAD  # (B, S)
+        mask = valid[:, None, None, :] & valid[:, None, :, None]  # (B, 1, S, S)
+        return self.encoder(self.encoder.embed(inputs), ctx, self_mask=mask, is_causal=False, head_masks=head_masks)
+
+    def decode(self, decoder_inputs: jax.Array, memory: jax.Array, inputs: jax.Array, ctx: Ctx = Ctx(), *,
+               start=0, head_masks: dict | None = None) -> jax.Array:
+        """``decoder_inputs [B, T]`` (BOS-shifted targets) -> logits ``[B, T, vocab]``."""
+        cross_mask = (inputs != PAD)[:, None, None, :]  # (B, 1, 1, S)
+        y = self.decoder(self.decoder.embed(decoder_inputs), ctx, start=start, self_mask=None, is_causal=True,
+                         memory=memory, cross_mask=cross_mask, head_masks=head_masks)
+        if self.logits_proj is None:
+            return self.decoder.embed.attend(y) / jnp.sqrt(y.shape[-1])  # (B, T, V)
+        return self.logits_proj(y)  # (B, T, V)
+
+    def __call__(self, inputs: jax.Array, targets: jax.Array, ctx: Ctx = Ctx(),
+                 head_masks: dict | None = None) -> jax.Array:
+        """Teacher-forced logits ``[B, T, vocab]`` for ``targets [B, T]`` given ``inputs [B, S]``."""
+        decoder_inputs = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=BOS)[:, :-1]  # (B, T)
+        memory = self.encode(inputs, ctx, head_masks)
+        return self.decode(decoder_inputs, memory, inputs, ctx, head_masks=head_masks)
+
+    def init_cache(self, batch_size: int, max_len: int) -> None:
+        """Preallocates every decoder self-attention's KV cache for greedy decoding."""
+        for block in self.decoder.blocks:
+            block.self_attn.init_cache((batch_size, max_len, self.decoder.d_model))
+
+
+class Classifier(nnx.Module):
+    """Encoder + mean or CLS pooling + linear head (Long Range Arena style)."""
+
+    def __init__(self, cfg: Any, *, vocab_size: int, max_len: int, num_classes: int, rngs: nnx.Rngs):
+        self.pooling = cfg.pooling
+        self.cls = (nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (1, 1, cfg.d_model)))
+                    if cfg.pooling == "cls" else nnx.data(None))
+        self.encoder = Stack(cfg, _embed(vocab_size, cfg.d_model, rngs), max_len + 1, self_kind="encoder_self",
+                             cross=False, num_layers=cfg.num_layers, rngs=rngs)
+        self.head = nnx.Linear(cfg.d_model, num_classes, rngs=rngs)
+
+    def __call__(self, inputs: jax.Array, ctx: Ctx = Ctx(), head_masks: dict | None = None) -> jax.Array:
+        """``inputs [B, L]`` token ids -> class logits ``[B, num_classes]``."""
+        x = self.encoder.embed(inputs)  # (B, L, d)
+        valid = inputs != PAD  # (B, L)
+        if self.cls is not None:
+            x = jnp.concatenate([jnp.broadcast_to(self.cls[...], (x.shape[0], 1, x.shape[-1])), x], axis=1)
+            valid = jnp.pad(valid, ((0, 0), (1, 0)), constant_values=True)  # (B, L + 1)
+        mask = valid[:, None, None, :] & valid[:, None, :, None]  # (B, 1, L, L)
+        h = self.encoder(x, ctx, self_mask=mask, is_causal=False, head_masks=head_masks)
+        if self.cls is not None:
+            pooled = h[:, 0]  # (B, d)
+        else:
+            w = valid[..., None].astype(h.dtype)
+            pooled = (h * w).sum(1) / jnp.maximum(w.sum(1), 1.0)  # (B, d)
+        return self.head(pooled)
+
+
+def build_model(cfg: Any, *, kind: str, vocab_size: int, max_len: int, num_classes: int | None = None,
+                seed: int = 0) -> nnx.Module:
+    """The model for a task ``kind`` ('translation' or 'classification') from ``config.model``."""
+    rngs = nnx.Rngs(params=seed)
+    if kind == "translation":
+        return Seq2Seq(cfg, vocab_size=vocab_size, max_len=max_len, rngs=rngs)
+    return Classifier(cfg, vocab_size=vocab_size, max_len=max_len, num_classes=num_classes, rngs=rngs)
+
+
+def count_params(model: nnx.Module) -> int:
+    """Number of trainable parameters."""
+    return int(sum(np.prod(p.shape) for p in jax.tree.leaves(nnx.state(model, nnx.Param))))

@@ -1,0 +1,28 @@
+"""ListOps (Long Range Arena): classify the value (0-9) of a nested MAX/MIN/MED/SM expression.
+
+  python scripts/train.py --config configs/listops.py:quick --workdir runs/listops_quick
+  python scripts/train.py --config configs/listops.py --workdir runs/listops --config.task.max_length=2000
+"""
+
+from attn_lab.train.config import base_config
+
+
+def get_config(arg: str = "") -> "ml_collections.ConfigDict":  # noqa: F821
+    """``arg``: '' (full) or 'quick' (short sequences, few steps; beats the 10% chance level)."""
+    c = base_config()
+    c.task.name = "listops"
+    c.task.max_depth, c.task.max_args = 6, 5
+    c.task.min_length, c.task.max_length = 32, 512
+    c.task.num_train, c.task.num_validation, c.task.num_test, c.task.seed = 20000, 1000, 1000, 0
+    c.model.pooling = "mean"
+    c.train.num_steps, c.train.batch_size, c.train.learning_rate = 5000, 32, 5e-4
+    c.train.label_smoothing = 0.0
+    if arg == "quick":
+        c.task.max_depth, c.task.min_length, c.task.max_length = 3, 16, 64
+        c.task.num_train = 5000
+        c.model.num_layers, c.model.d_model, c.model.mlp_dim = 2, 64, 128
+        c.train.num_steps, c.train.warmup_steps = 600, 100
+        c.train.eval_every = c.train.checkpoint_every = 300
+    elif arg:
+        raise ValueError(f"unknown preset '{arg}' for configs/listops.py; use '' or 'quick'")
+    return c
