@@ -21,8 +21,8 @@ def get_config(arg: str = "") -> "ml_collections.ConfigDict":  # noqa: F821
         c.task.max_depth, c.task.min_length, c.task.max_length = 3, 16, 64
         c.task.num_train = 5000
         c.model.num_layers, c.model.d_model, c.model.mlp_dim = 2, 64, 128
-        c.train.num_steps, c.train.warmup_steps = 600, 100
-        c.train.eval_every = c.train.checkpoint_every = 300
+        c.train.num_steps, c.train.warmup_steps, c.train.learning_rate = 1500, 100, 1e-3
+        c.train.eval_every = c.train.checkpoint_every = 500
     elif arg:
         raise ValueError(f"unknown preset '{arg}' for configs/listops.py; use '' or 'quick'")
     return c

@@ -17,9 +17,9 @@ def get_config(arg: str = "") -> "ml_collections.ConfigDict":  # noqa: F821
     c.eval.bleu_tokenize = "char"  # targets are single compound words: score characters
     c.train.num_steps, c.train.batch_size, c.train.learning_rate = 4000, 64, 1e-3
     if arg == "quick":
-        c.model.num_layers, c.model.d_model, c.model.mlp_dim = 2, 64, 256
-        c.train.num_steps, c.train.warmup_steps = 1200, 100
-        c.train.eval_every = c.train.checkpoint_every = 600
+        c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.dropout = 2, 64, 256, 0.0
+        c.train.num_steps, c.train.warmup_steps, c.train.learning_rate = 600, 100, 2e-3
+        c.train.eval_every = c.train.checkpoint_every = 300
     elif arg:
         raise ValueError(f"unknown preset '{arg}' for configs/numbers.py; use '' or 'quick'")
     return c

@@ -27,8 +27,9 @@ def bucket_lengths(max_length: int, min_bucket: int = 8) -> tuple[int, ...]:
     min_bucket: the smallest bucket.
 
   Returns:
-    Powers of two from `min_bucket` below `max_length`, then `max_length`
-    rounded up to a multiple of `min_bucket`.
+    Powers of two from `min_bucket` and the midpoints between them (8, 12, 16, 24, 32, 48, ...) below
+    `max_length`, then `max_length` rounded up to a multiple of `min_bucket`. Two buckets per octave keep the
+    padding waste under a third while bounding compilations to about 2 * log2(max_length / min_bucket).
   """
   if max_length < 1:
     raise ValueError(f'max_length must be positive, got {max_length}')
@@ -37,6 +38,8 @@ def bucket_lengths(max_length: int, min_bucket: int = 8) -> tuple[int, ...]:
   b = min_bucket
   while b < last:
     buckets.append(b)
+    if b * 3 // 2 < last:
+      buckets.append(b * 3 // 2)
     b *= 2
   return tuple(buckets) + (last,)
 

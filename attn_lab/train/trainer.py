@@ -74,6 +74,11 @@ class Run:
         if finite and self.ckpt.latest_step() != step:
             self.ckpt.save(step, self.state)
 
+    def compilations(self) -> dict[str, int]:
+        """How many times each jitted function compiled in this process (one per padded shape bucket)."""
+        fns = {"train_step": self.train_step, "eval_step": self.eval_step, "decode": self.decode}
+        return {k: f._cache_size() for k, f in fns.items() if f is not None}
+
     def close(self) -> None:
         self.logger.close()
         self.ckpt.close()
@@ -105,7 +110,7 @@ def _train_loop(run: Run, stop_after: int | None) -> tuple[int, float]:
         loss = float(m["loss"])
         if not np.isfinite(loss):
             raise FloatingPointError(f"non-finite loss ({loss}) at step {step}; stopped, last good checkpoint "
-                                     f"is step {run.ckpt.latest_step()} in {run.ckpt.directory}")
+                                     f"is step {run.ckpt.latest_step()} in {run.workdir}/checkpoints")
         window_tokens += float(m["tokens"])
         bar.update(1)
         if step % tcfg.log_every == 0 or step == end:
@@ -149,7 +154,7 @@ def train_and_evaluate(config: Any, workdir: str, *, stop_after: int | None = No
         final = {"validation": _best_of_last(run), "test": run.evaluate("test")}
         done = step - run.start_step
         results = {"final": final, "best": _best(workdir), "num_params": run.num_params, "steps": step,
-                   "wall_time_sec": time.time() - start, "steps_per_sec": done / max(train_time, 1e-9),
+                   "compilations": run.compilations(), "wall_time_sec": time.time() - start, "steps_per_sec": done / max(train_time, 1e-9),
                    "config": config.to_dict()}
         run.logger.log(step, {f"test/{k}": v for k, v in final["test"].items()})
         run.logger.summary({"final/" + k: v for k, v in final["test"].items()})
