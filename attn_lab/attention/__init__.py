@@ -1,7 +1,16 @@
-"""Attention: the drop-in module and the registry of kernels (importing a kernel file registers it)."""
+"""Attention: the drop-in module and the registry of kernels.
 
-from attn_lab.attention import dense  # noqa: F401  (registers 'dense')
+Every module in this package is imported here, so a kernel file registers itself just by existing: adding a
+variant touches no other file.
+"""
+
+import importlib
+import pkgutil
+
 from attn_lab.attention.module import MultiHeadAttention
 from attn_lab.attention.registry import KERNELS, AttentionKernel, build_kernel, register, validate_spec
+
+for _info in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_info.name}")
 
 __all__ = ["KERNELS", "AttentionKernel", "MultiHeadAttention", "build_kernel", "register", "validate_spec"]

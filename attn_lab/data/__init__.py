@@ -3,4 +3,4 @@
 from attn_lab.data.tasks import TASKS, Task, load_task, validate_task_config
 from attn_lab.data.tokenizers import Vocab
 
-__all__ = ['TASKS', 'Task', 'Vocab', 'load_task', 'validate_task_config']
+__all__ = ["TASKS", "Task", "Vocab", "load_task", "validate_task_config"]

@@ -20,142 +20,146 @@ Batch = dict[str, np.ndarray]
 
 
 def bucket_lengths(max_length: int, min_bucket: int = 8) -> tuple[int, ...]:
-  """Padded lengths a batch may take, so a jitted step compiles few times.
+    """Padded lengths a batch may take, so a jitted step compiles few times.
 
-  Args:
-    max_length: the longest sequence the task allows.
-    min_bucket: the smallest bucket.
+    Args:
+      max_length: the longest sequence the task allows.
+      min_bucket: the smallest bucket.
 
-  Returns:
-    Powers of two from `min_bucket` and the midpoints between them (8, 12, 16, 24, 32, 48, ...) below
-    `max_length`, then `max_length` rounded up to a multiple of `min_bucket`. Two buckets per octave keep the
-    padding waste under a third while bounding compilations to about 2 * log2(max_length / min_bucket).
-  """
-  if max_length < 1:
-    raise ValueError(f'max_length must be positive, got {max_length}')
-  last = -(-max_length // min_bucket) * min_bucket
-  buckets = []
-  b = min_bucket
-  while b < last:
-    buckets.append(b)
-    if b * 3 // 2 < last:
-      buckets.append(b * 3 // 2)
-    b *= 2
-  return tuple(buckets) + (last,)
-
-
-def pad_to_bucket(seqs: Sequence[Sequence[int]], buckets: Sequence[int],
-                  rows: int) -> np.ndarray:
-  """Stacks sequences into an int32 array padded with PAD_ID.
-
-  Args:
-    seqs: token id sequences, none longer than the last bucket.
-    buckets: allowed lengths, ascending.
-    rows: batch size; rows past len(seqs) are all padding (fill rows).
-
-  Returns:
-    [rows, L] int32, where L is the smallest bucket >= the longest sequence.
-  """
-  longest = max((len(s) for s in seqs), default=1)
-  i = bisect.bisect_left(buckets, longest)
-  if i == len(buckets):
-    raise ValueError(f'sequence of length {longest} exceeds the last bucket '
-                     f'{buckets[-1]}')
-  out = np.full((rows, buckets[i]), PAD_ID, dtype=np.int32)
-  for r, s in enumerate(seqs):
-    out[r, :len(s)] = s
-  return out
+    Returns:
+      Powers of two from `min_bucket` and the midpoints between them (8, 12, 16, 24, 32, 48, ...) below
+      `max_length`, then `max_length` rounded up to a multiple of `min_bucket`. Two buckets per octave keep the
+      padding waste under a third while bounding compilations to about 2 * log2(max_length / min_bucket).
+    """
+    if max_length < 1:
+        raise ValueError(f"max_length must be positive, got {max_length}")
+    last = -(-max_length // min_bucket) * min_bucket
+    buckets = []
+    b = min_bucket
+    while b < last:
+        buckets.append(b)
+        if b * 3 // 2 < last:
+            buckets.append(b * 3 // 2)
+        b *= 2
+    return tuple(buckets) + (last,)
 
 
-def encode_translation(vocab: Vocab, max_input_length: int,
-                       max_target_length: int) -> Callable[[Example], dict]:
-  """Returns a map fn: record -> source and target ids, each ending in eos.
+def pad_to_bucket(seqs: Sequence[Sequence[int]], buckets: Sequence[int], rows: int) -> np.ndarray:
+    """Stacks sequences into an int32 array padded with PAD_ID.
 
-  Overlong sequences are cut so that eos still ends them, since the model
-  learns to stop from eos.
-  """
-  def encode(example: Example) -> dict[str, list[int]]:
-    src = vocab.encode(as_text(example['source']))[:max_input_length - 1]
-    tgt = vocab.encode(as_text(example['target']))[:max_target_length - 1]
-    return {'inputs': src + [EOS_ID], 'targets': tgt + [EOS_ID]}
-  return encode
+    Args:
+      seqs: token id sequences, none longer than the last bucket.
+      buckets: allowed lengths, ascending.
+      rows: batch size; rows past len(seqs) are all padding (fill rows).
 
-
-def encode_classification(vocab: Vocab, max_length: int
-                          ) -> Callable[[Example], dict]:
-  """Returns a map fn: record -> input ids (cut to max_length) and label."""
-  def encode(example: Example) -> dict[str, Any]:
-    return {'inputs': vocab.encode(as_text(example['source']))[:max_length],
-            'label': int(example['label'])}
-  return encode
+    Returns:
+      [rows, L] int32, where L is the smallest bucket >= the longest sequence.
+    """
+    longest = max((len(s) for s in seqs), default=1)
+    i = bisect.bisect_left(buckets, longest)
+    if i == len(buckets):
+        raise ValueError(f"sequence of length {longest} exceeds the last bucket {buckets[-1]}")
+    out = np.full((rows, buckets[i]), PAD_ID, dtype=np.int32)
+    for r, s in enumerate(seqs):
+        out[r, : len(s)] = s
+    return out
 
 
-def collate_translation(batch_size: int, input_buckets: Sequence[int],
-                        target_buckets: Sequence[int]
-                        ) -> Callable[[Sequence[dict]], Batch]:
-  """Returns a batch fn padding inputs and targets to their own buckets.
+def encode_translation(vocab: Vocab, max_input_length: int, max_target_length: int) -> Callable[[Example], dict]:
+    """Returns a map fn: record -> source and target ids, each ending in eos.
 
-  Fill rows (in a last partial eval batch) are all pad, so a loss weighted
-  by `targets != 0` ignores them.
-  """
-  def collate(examples: Sequence[dict]) -> Batch:
-    return {
-        'inputs': pad_to_bucket([e['inputs'] for e in examples],
-                                input_buckets, batch_size),
-        'targets': pad_to_bucket([e['targets'] for e in examples],
-                                 target_buckets, batch_size),
-    }
-  return collate
+    Overlong sequences are cut so that eos still ends them, since the model
+    learns to stop from eos.
+    """
+
+    def encode(example: Example) -> dict[str, list[int]]:
+        src = vocab.encode(as_text(example["source"]))[: max_input_length - 1]
+        tgt = vocab.encode(as_text(example["target"]))[: max_target_length - 1]
+        return {"inputs": src + [EOS_ID], "targets": tgt + [EOS_ID]}
+
+    return encode
 
 
-def collate_classification(batch_size: int, input_buckets: Sequence[int]
-                           ) -> Callable[[Sequence[dict]], Batch]:
-  """Returns a batch fn adding int32 `targets` and a float32 row `mask`."""
-  def collate(examples: Sequence[dict]) -> Batch:
-    n = len(examples)
-    targets = np.zeros(batch_size, dtype=np.int32)
-    targets[:n] = [e['label'] for e in examples]
-    mask = np.zeros(batch_size, dtype=np.float32)
-    mask[:n] = 1.0
-    return {
-        'inputs': pad_to_bucket([e['inputs'] for e in examples],
-                                input_buckets, batch_size),
-        'targets': targets,
-        'mask': mask,
-    }
-  return collate
+def encode_classification(vocab: Vocab, max_length: int) -> Callable[[Example], dict]:
+    """Returns a map fn: record -> input ids (cut to max_length) and label."""
+
+    def encode(example: Example) -> dict[str, Any]:
+        return {"inputs": vocab.encode(as_text(example["source"]))[:max_length], "label": int(example["label"])}
+
+    return encode
 
 
-def batched(source: Sequence[Example], encode: Callable[[Example], dict],
-            collate: Callable[[Sequence[dict]], Batch], batch_size: int, *,
-            train: bool, seed: int = 0) -> grain.MapDataset:
-  """Builds the batch dataset over a random-access source.
+def collate_translation(
+    batch_size: int, input_buckets: Sequence[int], target_buckets: Sequence[int]
+) -> Callable[[Sequence[dict]], Batch]:
+    """Returns a batch fn padding inputs and targets to their own buckets.
 
-  Args:
-    source: records with random access (e.g. a TFDS array_record source).
-    encode: record -> token ids.
-    collate: list of encoded records -> padded batch of `batch_size` rows.
-    batch_size: rows per batch.
-    train: True shuffles with `seed` (a fresh order each epoch), repeats
-      forever and drops partial batches; False makes one ordered pass whose
-      last batch is topped up with fill rows.
-    seed: shuffle seed (train only).
+    Fill rows (in a last partial eval batch) are all pad, so a loss weighted
+    by `targets != 0` ignores them.
+    """
 
-  Returns:
-    A MapDataset of batches; `ds[s]` is batch s.
-  """
-  if batch_size < 1:
-    raise ValueError(f'batch_size must be positive, got {batch_size}')
-  ds = grain.MapDataset.source(source)
-  if train:
-    if len(source) < batch_size:
-      raise ValueError(f'batch_size={batch_size} exceeds the {len(source)} '
-                       'training examples')
-    ds = ds.shuffle(seed=seed).repeat(None)
-  ds = ds.map(encode)
-  return ds.batch(batch_size, drop_remainder=train, batch_fn=collate)
+    def collate(examples: Sequence[dict]) -> Batch:
+        return {
+            "inputs": pad_to_bucket([e["inputs"] for e in examples], input_buckets, batch_size),
+            "targets": pad_to_bucket([e["targets"] for e in examples], target_buckets, batch_size),
+        }
+
+    return collate
+
+
+def collate_classification(batch_size: int, input_buckets: Sequence[int]) -> Callable[[Sequence[dict]], Batch]:
+    """Returns a batch fn adding int32 `targets` and a float32 row `mask`."""
+
+    def collate(examples: Sequence[dict]) -> Batch:
+        n = len(examples)
+        targets = np.zeros(batch_size, dtype=np.int32)
+        targets[:n] = [e["label"] for e in examples]
+        mask = np.zeros(batch_size, dtype=np.float32)
+        mask[:n] = 1.0
+        return {
+            "inputs": pad_to_bucket([e["inputs"] for e in examples], input_buckets, batch_size),
+            "targets": targets,
+            "mask": mask,
+        }
+
+    return collate
+
+
+def batched(
+    source: Sequence[Example],
+    encode: Callable[[Example], dict],
+    collate: Callable[[Sequence[dict]], Batch],
+    batch_size: int,
+    *,
+    train: bool,
+    seed: int = 0,
+) -> grain.MapDataset:
+    """Builds the batch dataset over a random-access source.
+
+    Args:
+      source: records with random access (e.g. a TFDS array_record source).
+      encode: record -> token ids.
+      collate: list of encoded records -> padded batch of `batch_size` rows.
+      batch_size: rows per batch.
+      train: True shuffles with `seed` (a fresh order each epoch), repeats
+        forever and drops partial batches; False makes one ordered pass whose
+        last batch is topped up with fill rows.
+      seed: shuffle seed (train only).
+
+    Returns:
+      A MapDataset of batches; `ds[s]` is batch s.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    ds = grain.MapDataset.source(source)
+    if train:
+        if len(source) < batch_size:
+            raise ValueError(f"batch_size={batch_size} exceeds the {len(source)} training examples")
+        ds = ds.shuffle(seed=seed).repeat(None)
+    ds = ds.map(encode)
+    return ds.batch(batch_size, drop_remainder=train, batch_fn=collate)
 
 
 def as_text(value: Any) -> str:
-  """Text of a TFDS text feature (bytes from a data source)."""
-  return value.decode('utf-8') if isinstance(value, bytes) else str(value)
+    """Text of a TFDS text feature (bytes from a data source)."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

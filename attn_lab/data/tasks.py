@@ -18,228 +18,254 @@ from attn_lab.data import builders, pipeline
 from attn_lab.data.builders import listops, numbers
 from attn_lab.data.tokenizers import Vocab
 
-TASKS: tuple[str, ...] = ('numbers', 'listops')
-SPLITS: tuple[str, ...] = ('train', 'validation', 'test')
+TASKS: tuple[str, ...] = ("numbers", "listops")
+SPLITS: tuple[str, ...] = ("train", "validation", "test")
 
 # Task options and their defaults; the config files set the same names.
 DEFAULTS: dict[str, dict[str, Any]] = {
-    'numbers': dict(src_lang='en', tgt_lang='de', min_value=0, max_value=9999,
-                    split_seed=0, max_input_length=64, max_target_length=64),
-    'listops': dict(max_depth=6, max_args=5, min_length=32, max_length=128,
-                    num_train=20000, num_validation=1000, num_test=1000,
-                    seed=0),
+    "numbers": dict(
+        src_lang="en",
+        tgt_lang="de",
+        min_value=0,
+        max_value=9999,
+        split_seed=0,
+        max_input_length=64,
+        max_target_length=64,
+    ),
+    "listops": dict(
+        max_depth=6,
+        max_args=5,
+        min_length=32,
+        max_length=128,
+        num_train=20000,
+        num_validation=1000,
+        num_test=1000,
+        seed=0,
+    ),
 }
-_POSITIVE = ('max_input_length', 'max_target_length', 'max_depth',
-             'min_length', 'max_length', 'num_train', 'num_validation',
-             'num_test')
+_POSITIVE = (
+    "max_input_length",
+    "max_target_length",
+    "max_depth",
+    "min_length",
+    "max_length",
+    "num_train",
+    "num_validation",
+    "num_test",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """A prepared task: its vocab, sizes, and batch datasets per split.
+    """A prepared task: its vocab, sizes, and batch datasets per split.
 
-  Attributes:
-    name: 'numbers' or 'listops'.
-    kind: 'translation' (inputs/targets sequences) or 'classification'
-      (inputs sequence, int label, row mask).
-    vocab: the vocab built from the train split (shared by both sides of a
-      translation task).
-    num_classes: label count for classification, None for translation.
-    max_input_length: longest input in tokens (eos included for translation).
-    max_target_length: longest target (eos included); None for
-      classification.
-    sources: split -> decoded TFDS records, in prepared order (held in
-      memory: the tasks are small and this keeps batches cheap).
-  """
-
-  name: str
-  kind: Literal['translation', 'classification']
-  vocab: Vocab
-  num_classes: int | None
-  max_input_length: int
-  max_target_length: int | None
-  sources: dict[str, Any] = dataclasses.field(repr=False)
-
-  def num_examples(self, split: str) -> int:
-    """Number of examples in `split`."""
-    return len(self._source(split))
-
-  def dataset(self, split: str, batch_size: int, *, train: bool,
-              seed: int = 0) -> grain.MapDataset:
-    """Batches of `split`, padded to bucketed lengths.
-
-    Args:
-      split: 'train', 'validation' or 'test'.
-      batch_size: rows per batch (fixed, fill rows included).
-      train: True: shuffled with `seed`, repeated forever, partial batches
-        dropped, so `ds[step]` is the batch of a training step. False: one
-        ordered pass; the last batch is topped up with all-pad rows
-        (classification also marks them with mask 0).
-      seed: shuffle seed, used when `train`.
-
-    Returns:
-      A grain MapDataset of dicts of numpy arrays.
+    Attributes:
+      name: 'numbers' or 'listops'.
+      kind: 'translation' (inputs/targets sequences) or 'classification'
+        (inputs sequence, int label, row mask).
+      vocab: the vocab built from the train split (shared by both sides of a
+        translation task).
+      num_classes: label count for classification, None for translation.
+      max_input_length: longest input in tokens (eos included for translation).
+      max_target_length: longest target (eos included); None for
+        classification.
+      sources: split -> decoded TFDS records, in prepared order (held in
+        memory: the tasks are small and this keeps batches cheap).
     """
-    input_buckets = pipeline.bucket_lengths(self.max_input_length)
-    if self.kind == 'translation':
-      encode = pipeline.encode_translation(
-          self.vocab, self.max_input_length, self.max_target_length)
-      collate = pipeline.collate_translation(
-          batch_size, input_buckets,
-          pipeline.bucket_lengths(self.max_target_length))
-    else:
-      encode = pipeline.encode_classification(self.vocab,
-                                              self.max_input_length)
-      collate = pipeline.collate_classification(batch_size, input_buckets)
-    return pipeline.batched(self._source(split), encode, collate, batch_size,
-                            train=train, seed=seed)
 
-  def references(self, split: str) -> list[str] | list[int]:
-    """What the eval pass should predict, in dataset order.
+    name: str
+    kind: Literal["translation", "classification"]
+    vocab: Vocab
+    num_classes: int | None
+    max_input_length: int
+    max_target_length: int | None
+    sources: dict[str, Any] = dataclasses.field(repr=False)
 
-    Returns:
-      Target strings (untruncated) for translation, to score BLEU or exact
-      match against decoded outputs; int labels for classification.
-    """
-    source = self._source(split)
-    records = (source[i] for i in range(len(source)))
-    if self.kind == 'translation':
-      return [pipeline.as_text(r['target']) for r in records]
-    return [int(r['label']) for r in records]
+    def num_examples(self, split: str) -> int:
+        """Number of examples in `split`."""
+        return len(self._source(split))
 
-  def decode(self, ids) -> str:
-    """Text of token ids (stops at eos, skips pad and bos)."""
-    return self.vocab.decode(ids)
+    def dataset(self, split: str, batch_size: int, *, train: bool, seed: int = 0) -> grain.MapDataset:
+        """Batches of `split`, padded to bucketed lengths.
 
-  def _source(self, split: str):
-    if split not in self.sources:
-      raise ValueError(f'unknown split {split!r}; choose one of: '
-                       f'{", ".join(self.sources)}')
-    return self.sources[split]
+        Args:
+          split: 'train', 'validation' or 'test'.
+          batch_size: rows per batch (fixed, fill rows included).
+          train: True: shuffled with `seed`, repeated forever, partial batches
+            dropped, so `ds[step]` is the batch of a training step. False: one
+            ordered pass; the last batch is topped up with all-pad rows
+            (classification also marks them with mask 0).
+          seed: shuffle seed, used when `train`.
+
+        Returns:
+          A grain MapDataset of dicts of numpy arrays.
+        """
+        input_buckets = pipeline.bucket_lengths(self.max_input_length)
+        if self.kind == "translation":
+            encode = pipeline.encode_translation(self.vocab, self.max_input_length, self.max_target_length)
+            collate = pipeline.collate_translation(
+                batch_size, input_buckets, pipeline.bucket_lengths(self.max_target_length)
+            )
+        else:
+            encode = pipeline.encode_classification(self.vocab, self.max_input_length)
+            collate = pipeline.collate_classification(batch_size, input_buckets)
+        return pipeline.batched(self._source(split), encode, collate, batch_size, train=train, seed=seed)
+
+    def references(self, split: str) -> list[str] | list[int]:
+        """What the eval pass should predict, in dataset order.
+
+        Returns:
+          Target strings (untruncated) for translation, to score BLEU or exact
+          match against decoded outputs; int labels for classification.
+        """
+        source = self._source(split)
+        records = (source[i] for i in range(len(source)))
+        if self.kind == "translation":
+            return [pipeline.as_text(r["target"]) for r in records]
+        return [int(r["label"]) for r in records]
+
+    def decode(self, ids) -> str:
+        """Text of token ids (stops at eos, skips pad and bos)."""
+        return self.vocab.decode(ids)
+
+    def _source(self, split: str):
+        if split not in self.sources:
+            raise ValueError(f"unknown split {split!r}; choose one of: {', '.join(self.sources)}")
+        return self.sources[split]
 
 
 def task_options(cfg: Any) -> dict[str, Any]:
-  """The task's options: defaults overridden by what `cfg` sets.
+    """The task's options: defaults overridden by what `cfg` sets.
 
-  Args:
-    cfg: a ConfigDict (or any object/mapping) with `name` and options.
+    Args:
+      cfg: a ConfigDict (or any object/mapping) with `name` and options.
 
-  Returns:
-    Option name -> value, for every option of the task.
-  """
-  name = _get(cfg, 'name', None)
-  if name not in DEFAULTS:
-    raise ValueError(f'unknown task.name {name!r}; choose one of: '
-                     f'{", ".join(TASKS)}')
-  return {k: _get(cfg, k, v) for k, v in DEFAULTS[name].items()}
+    Returns:
+      Option name -> value, for every option of the task.
+    """
+    name = _get(cfg, "name", None)
+    if name not in DEFAULTS:
+        raise ValueError(f"unknown task.name {name!r}; choose one of: {', '.join(TASKS)}")
+    return {k: _get(cfg, k, v) for k, v in DEFAULTS[name].items()}
 
 
 def validate_task_config(cfg: Any) -> None:
-  """Checks a task config without preparing any data.
+    """Checks a task config without preparing any data.
 
-  Args:
-    cfg: the task config.
+    Args:
+      cfg: the task config.
 
-  Raises:
-    ValueError: one line naming the bad key and value.
-  """
-  opts = task_options(cfg)
-  for key in _POSITIVE:
-    if key in opts and not (isinstance(opts[key], int) and opts[key] > 0):
-      raise ValueError(f'task.{key} must be a positive integer, '
-                       f'got {opts[key]!r}')
-  name = _get(cfg, 'name', None)
-  if name == 'numbers':
-    for key in ('src_lang', 'tgt_lang'):
-      if opts[key] not in CONVERTER_CLASSES:
-        raise ValueError(f'task.{key}={opts[key]!r} is not a num2words '
-                         'language')
-    if opts['max_value'] - opts['min_value'] < 9:
-      raise ValueError(f'task.max_value={opts["max_value"]!r} must be at '
-                       f'least min_value+9 so every split gets integers')
-  else:
-    if opts['max_args'] < 2:
-      raise ValueError(f'task.max_args must be >= 2, got {opts["max_args"]!r}')
-    if opts['min_length'] > opts['max_length']:
-      raise ValueError(f'task.min_length={opts["min_length"]} exceeds '
-                       f'max_length={opts["max_length"]}')
-    if opts['max_length'] < 4:
-      raise ValueError(f'task.max_length must be >= 4, got '
-                       f'{opts["max_length"]}')
-    reach = listops.max_tokens(opts['max_depth'], opts['max_args'])
-    if reach < opts['min_length']:
-      raise ValueError(f'task.min_length={opts["min_length"]} is unreachable '
-                       f'with max_depth={opts["max_depth"]} and '
-                       f'max_args={opts["max_args"]} (at most {reach} tokens)')
+    Raises:
+      ValueError: one line naming the bad key and value.
+    """
+    opts = task_options(cfg)
+    for key in _POSITIVE:
+        if key in opts and not (isinstance(opts[key], int) and opts[key] > 0):
+            raise ValueError(f"task.{key} must be a positive integer, got {opts[key]!r}")
+    name = _get(cfg, "name", None)
+    if name == "numbers":
+        for key in ("src_lang", "tgt_lang"):
+            if opts[key] not in CONVERTER_CLASSES:
+                raise ValueError(f"task.{key}={opts[key]!r} is not a num2words language")
+        if opts["max_value"] - opts["min_value"] < 9:
+            raise ValueError(
+                f"task.max_value={opts['max_value']!r} must be at least min_value+9 so every split gets integers"
+            )
+    else:
+        if opts["max_args"] < 2:
+            raise ValueError(f"task.max_args must be >= 2, got {opts['max_args']!r}")
+        if opts["min_length"] > opts["max_length"]:
+            raise ValueError(f"task.min_length={opts['min_length']} exceeds max_length={opts['max_length']}")
+        if opts["max_length"] < 4:
+            raise ValueError(f"task.max_length must be >= 4, got {opts['max_length']}")
+        reach = listops.max_tokens(opts["max_depth"], opts["max_args"])
+        if reach < opts["min_length"]:
+            raise ValueError(
+                f"task.min_length={opts['min_length']} is unreachable "
+                f"with max_depth={opts['max_depth']} and "
+                f"max_args={opts['max_args']} (at most {reach} tokens)"
+            )
 
 
 def load_task(cfg: Any, data_dir: str | None = None) -> Task:
-  """Prepares (first time only) and loads a task.
+    """Prepares (first time only) and loads a task.
 
-  Args:
-    cfg: the task config (`cfg.name` plus options, see DEFAULTS).
-    data_dir: where prepared data lives; defaults to $ATTN_LAB_DATA_DIR,
-      then ~/.cache/attn_lab/tensorflow_datasets.
+    Args:
+      cfg: the task config (`cfg.name` plus options, see DEFAULTS).
+      data_dir: where prepared data lives; defaults to $ATTN_LAB_DATA_DIR,
+        then ~/.cache/attn_lab/tensorflow_datasets.
 
-  Returns:
-    The Task.
-  """
-  validate_task_config(cfg)
-  opts = task_options(cfg)
-  name = _get(cfg, 'name', None)
-  data_dir = builders.resolve_data_dir(data_dir)
-  if name == 'numbers':
-    config = numbers.numbers_config(
-        src_lang=opts['src_lang'], tgt_lang=opts['tgt_lang'],
-        min_value=opts['min_value'], max_value=opts['max_value'],
-        split_seed=opts['split_seed'])
-    builder = builders.prepare(numbers.Numbers, config, data_dir)
-    return Task(name=name, kind='translation', vocab=_vocab(builder, 'char'),
-                num_classes=None,
-                max_input_length=opts['max_input_length'],
-                max_target_length=opts['max_target_length'],
-                sources=_in_memory(builder))
-  config = listops.listops_config(**opts)
-  builder = builders.prepare(listops.Listops, config, data_dir)
-  return Task(name=name, kind='classification', vocab=_vocab(builder, 'word'),
-              num_classes=10, max_input_length=opts['max_length'],
-              max_target_length=None, sources=_in_memory(builder))
+    Returns:
+      The Task.
+    """
+    validate_task_config(cfg)
+    opts = task_options(cfg)
+    name = _get(cfg, "name", None)
+    data_dir = builders.resolve_data_dir(data_dir)
+    if name == "numbers":
+        config = numbers.numbers_config(
+            src_lang=opts["src_lang"],
+            tgt_lang=opts["tgt_lang"],
+            min_value=opts["min_value"],
+            max_value=opts["max_value"],
+            split_seed=opts["split_seed"],
+        )
+        builder = builders.prepare(numbers.Numbers, config, data_dir)
+        return Task(
+            name=name,
+            kind="translation",
+            vocab=_vocab(builder, "char"),
+            num_classes=None,
+            max_input_length=opts["max_input_length"],
+            max_target_length=opts["max_target_length"],
+            sources=_in_memory(builder),
+        )
+    config = listops.listops_config(**opts)
+    builder = builders.prepare(listops.Listops, config, data_dir)
+    return Task(
+        name=name,
+        kind="classification",
+        vocab=_vocab(builder, "word"),
+        num_classes=10,
+        max_input_length=opts["max_length"],
+        max_target_length=None,
+        sources=_in_memory(builder),
+    )
 
 
 def _in_memory(builder: tfds.core.DatasetBuilder) -> dict[str, list[dict]]:
-  """Reads every split into memory, in the prepared order.
+    """Reads every split into memory, in the prepared order.
 
-  The tasks hold at most tens of thousands of short strings, and a list
-  lookup is ~100x cheaper than decoding an array_record entry, which would
-  otherwise dominate the cost of a training batch.
-  """
-  return {split: list(source.__getitems__(range(len(source))))
-          for split, source in builder.as_data_source().items()}
+    The tasks hold at most tens of thousands of short strings, and a list
+    lookup is ~100x cheaper than decoding an array_record entry, which would
+    otherwise dominate the cost of a training batch.
+    """
+    return {split: list(source.__getitems__(range(len(source)))) for split, source in builder.as_data_source().items()}
 
 
 def _vocab(builder: tfds.core.DatasetBuilder, level: str) -> Vocab:
-  """The vocab saved at prepare time (rebuilt from train if it went missing)."""
-  path = builders.vocab_path(builder)
-  if os.path.exists(path):
-    return Vocab.load(path)
-  train = builder.as_data_source()['train']
-  texts = []
-  for i in range(len(train)):
-    record = train[i]
-    texts.append(pipeline.as_text(record['source']))
-    if 'target' in record:
-      texts.append(pipeline.as_text(record['target']))
-  vocab = Vocab.build(texts, level)
-  vocab.save(path)
-  return vocab
+    """The vocab saved at prepare time (rebuilt from train if it went missing)."""
+    path = builders.vocab_path(builder)
+    if os.path.exists(path):
+        return Vocab.load(path)
+    train = builder.as_data_source()["train"]
+    texts = []
+    for i in range(len(train)):
+        record = train[i]
+        texts.append(pipeline.as_text(record["source"]))
+        if "target" in record:
+            texts.append(pipeline.as_text(record["target"]))
+    vocab = Vocab.build(texts, level)
+    vocab.save(path)
+    return vocab
 
 
 def _get(cfg: Any, key: str, default: Any) -> Any:
-  """Reads an option from a ConfigDict, plain object or mapping."""
-  try:
-    return getattr(cfg, key)
-  except AttributeError:
-    pass
-  if hasattr(cfg, 'get'):
-    return cfg.get(key, default)
-  return default
+    """Reads an option from a ConfigDict, plain object or mapping."""
+    try:
+        return getattr(cfg, key)
+    except AttributeError:
+        pass
+    if hasattr(cfg, "get"):
+        return cfg.get(key, default)
+    return default

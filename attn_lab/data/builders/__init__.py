@@ -13,61 +13,59 @@ import tensorflow_datasets as tfds
 
 from attn_lab.data import tokenizers
 
-DATA_DIR_ENV = 'ATTN_LAB_DATA_DIR'
-DEFAULT_DATA_DIR = os.path.join('~', '.cache', 'attn_lab', 'tensorflow_datasets')
+DATA_DIR_ENV = "ATTN_LAB_DATA_DIR"
+DEFAULT_DATA_DIR = os.path.join("~", ".cache", "attn_lab", "tensorflow_datasets")
 
 
 def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> str:
-  """Picks the data dir: argument, then $ATTN_LAB_DATA_DIR, then the cache.
+    """Picks the data dir: argument, then $ATTN_LAB_DATA_DIR, then the cache.
 
-  Args:
-    data_dir: an explicit directory, or None.
+    Args:
+      data_dir: an explicit directory, or None.
 
-  Returns:
-    An absolute path (not created here; TFDS creates it when preparing).
-  """
-  chosen = data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
-  return os.path.abspath(os.path.expanduser(os.fspath(chosen)))
-
-
-def prepare(builder_cls: type[tfds.core.DatasetBuilder],
-            config: tfds.core.BuilderConfig,
-            data_dir: str) -> tfds.core.DatasetBuilder:
-  """Generates the dataset once; later calls find it and reuse it.
-
-  TFDS writes into a temporary directory and renames it when done, so an
-  interrupted run never leaves a half-written dataset that looks finished.
-
-  Args:
-    builder_cls: the builder class.
-    config: a config whose name encodes all generation parameters (it is the
-      dataset's directory under `data_dir/<builder name>/`).
-    data_dir: root of the prepared datasets.
-
-  Returns:
-    A prepared builder, ready for `as_data_source()`.
-  """
-  # TFDS refuses a config object that merely shares its name with one
-  # declared in the class, so pass the declared one by name when they match.
-  declared = builder_cls.builder_configs.get(config.name)
-  builder = builder_cls(data_dir=data_dir,
-                        config=config.name if declared else config)
-  builder.download_and_prepare(file_format='array_record')
-  return builder
+    Returns:
+      An absolute path (not created here; TFDS creates it when preparing).
+    """
+    chosen = data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
+    return os.path.abspath(os.path.expanduser(os.fspath(chosen)))
 
 
-def save_vocab(builder: tfds.core.DatasetBuilder, train_texts: list[str],
-               level: tokenizers.Level) -> None:
-  """Builds the vocab from the train split and stores it with the data.
+def prepare(
+    builder_cls: type[tfds.core.DatasetBuilder], config: tfds.core.BuilderConfig, data_dir: str
+) -> tfds.core.DatasetBuilder:
+    """Generates the dataset once; later calls find it and reuse it.
 
-  Called from `_split_generators`, while `builder.data_dir` still points at
-  TFDS's temporary directory, so the vocab appears atomically with the data.
-  """
-  vocab = tokenizers.Vocab.build(train_texts, level)
-  os.makedirs(builder.data_dir, exist_ok=True)
-  vocab.save(os.path.join(builder.data_dir, tokenizers.VOCAB_FILENAME))
+    TFDS writes into a temporary directory and renames it when done, so an
+    interrupted run never leaves a half-written dataset that looks finished.
+
+    Args:
+      builder_cls: the builder class.
+      config: a config whose name encodes all generation parameters (it is the
+        dataset's directory under `data_dir/<builder name>/`).
+      data_dir: root of the prepared datasets.
+
+    Returns:
+      A prepared builder, ready for `as_data_source()`.
+    """
+    # TFDS refuses a config object that merely shares its name with one
+    # declared in the class, so pass the declared one by name when they match.
+    declared = builder_cls.builder_configs.get(config.name)
+    builder = builder_cls(data_dir=data_dir, config=config.name if declared else config)
+    builder.download_and_prepare(file_format="array_record")
+    return builder
+
+
+def save_vocab(builder: tfds.core.DatasetBuilder, train_texts: list[str], level: tokenizers.Level) -> None:
+    """Builds the vocab from the train split and stores it with the data.
+
+    Called from `_split_generators`, while `builder.data_dir` still points at
+    TFDS's temporary directory, so the vocab appears atomically with the data.
+    """
+    vocab = tokenizers.Vocab.build(train_texts, level)
+    os.makedirs(builder.data_dir, exist_ok=True)
+    vocab.save(os.path.join(builder.data_dir, tokenizers.VOCAB_FILENAME))
 
 
 def vocab_path(builder: tfds.core.DatasetBuilder) -> str:
-  """Where a prepared builder keeps its vocab."""
-  return os.path.join(builder.data_dir, tokenizers.VOCAB_FILENAME)
+    """Where a prepared builder keeps its vocab."""
+    return os.path.join(builder.data_dir, tokenizers.VOCAB_FILENAME)

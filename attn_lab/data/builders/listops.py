@@ -19,9 +19,9 @@ import tensorflow_datasets as tfds
 
 from attn_lab.data import builders
 
-OPERATORS = ('[MAX', '[MIN', '[MED', '[SM')
-END = ']'
-SPLITS = ('train', 'validation', 'test')
+OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
+END = "]"
+SPLITS = ("train", "validation", "test")
 # Chance that a non-root node is a digit although its budget allows a list,
 # so trees vary in shape rather than always filling their budget.
 _LEAF_PROB = 0.15
@@ -29,165 +29,177 @@ _LEAF_PROB = 0.15
 
 @dataclasses.dataclass(eq=False)
 class ListOpsConfig(tfds.core.BuilderConfig):
-  """Generation parameters; build with `listops_config` so the name matches."""
+    """Generation parameters; build with `listops_config` so the name matches."""
 
-  max_depth: int = 6
-  max_args: int = 5
-  min_length: int = 32
-  max_length: int = 128
-  num_train: int = 20000
-  num_validation: int = 1000
-  num_test: int = 1000
-  seed: int = 0
+    max_depth: int = 6
+    max_args: int = 5
+    min_length: int = 32
+    max_length: int = 128
+    num_train: int = 20000
+    num_validation: int = 1000
+    num_test: int = 1000
+    seed: int = 0
 
 
-def listops_config(max_depth: int = 6, max_args: int = 5, min_length: int = 32,
-                   max_length: int = 128, num_train: int = 20000,
-                   num_validation: int = 1000, num_test: int = 1000,
-                   seed: int = 0) -> ListOpsConfig:
-  """Returns a config whose name encodes every parameter.
+def listops_config(
+    max_depth: int = 6,
+    max_args: int = 5,
+    min_length: int = 32,
+    max_length: int = 128,
+    num_train: int = 20000,
+    num_validation: int = 1000,
+    num_test: int = 1000,
+    seed: int = 0,
+) -> ListOpsConfig:
+    """Returns a config whose name encodes every parameter.
 
-  The name is the dataset's directory, so different settings never share
-  prepared files and equal settings reuse them.
+    The name is the dataset's directory, so different settings never share
+    prepared files and equal settings reuse them.
 
-  Args:
-    max_depth: maximum nesting of operators (the root list is depth 1).
-    max_args: maximum number of arguments of one operator (at least 2).
-    min_length: minimum expression length in tokens.
-    max_length: maximum expression length in tokens.
-    num_train: number of train examples.
-    num_validation: number of validation examples.
-    num_test: number of test examples.
-    seed: base seed; each split draws from its own stream.
+    Args:
+      max_depth: maximum nesting of operators (the root list is depth 1).
+      max_args: maximum number of arguments of one operator (at least 2).
+      min_length: minimum expression length in tokens.
+      max_length: maximum expression length in tokens.
+      num_train: number of train examples.
+      num_validation: number of validation examples.
+      num_test: number of test examples.
+      seed: base seed; each split draws from its own stream.
 
-  Returns:
-    A ListOpsConfig.
-  """
-  name = (f'depth{max_depth}_args{max_args}_len{min_length}-{max_length}'
-          f'_n{num_train}-{num_validation}-{num_test}_seed{seed}')
-  return ListOpsConfig(
-      name=name, max_depth=max_depth, max_args=max_args, min_length=min_length,
-      max_length=max_length, num_train=num_train,
-      num_validation=num_validation, num_test=num_test, seed=seed)
+    Returns:
+      A ListOpsConfig.
+    """
+    name = (
+        f"depth{max_depth}_args{max_args}_len{min_length}-{max_length}"
+        f"_n{num_train}-{num_validation}-{num_test}_seed{seed}"
+    )
+    return ListOpsConfig(
+        name=name,
+        max_depth=max_depth,
+        max_args=max_args,
+        min_length=min_length,
+        max_length=max_length,
+        num_train=num_train,
+        num_validation=num_validation,
+        num_test=num_test,
+        seed=seed,
+    )
 
 
 def max_tokens(max_depth: int, max_args: int) -> int:
-  """Longest expression the depth and arity allow (to reject bad configs)."""
-  length = 1
-  for _ in range(max_depth):
-    length = 2 + max_args * length
-  return length
+    """Longest expression the depth and arity allow (to reject bad configs)."""
+    length = 1
+    for _ in range(max_depth):
+        length = 2 + max_args * length
+    return length
 
 
 def apply_operator(op: str, args: list[int]) -> int:
-  """Value of one operator on its digit arguments."""
-  if op == '[MAX':
-    return max(args)
-  if op == '[MIN':
-    return min(args)
-  if op == '[MED':
-    s = sorted(args)
-    mid = len(s) // 2
-    # LRA: int(np.median(args)), i.e. the mean of the middle pair, floored.
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) // 2
-  if op == '[SM':
-    return sum(args) % 10
-  raise ValueError(f'unknown ListOps operator {op!r}')
+    """Value of one operator on its digit arguments."""
+    if op == "[MAX":
+        return max(args)
+    if op == "[MIN":
+        return min(args)
+    if op == "[MED":
+        s = sorted(args)
+        mid = len(s) // 2
+        # LRA: int(np.median(args)), i.e. the mean of the middle pair, floored.
+        return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) // 2
+    if op == "[SM":
+        return sum(args) % 10
+    raise ValueError(f"unknown ListOps operator {op!r}")
 
 
-def _grow(rng: random.Random, budget: int, depth: int, max_depth: int,
-          max_args: int, out: list[str]) -> int:
-  """Appends a random subtree of at most `budget` tokens; returns its value."""
-  is_leaf = (depth > max_depth or budget < 4
-             or (depth > 1 and rng.random() < _LEAF_PROB))
-  if is_leaf:
-    digit = rng.randrange(10)
-    out.append(str(digit))
-    return digit
-  num_args = rng.randint(2, min(max_args, budget - 2))
-  op = rng.choice(OPERATORS)
-  out.append(op)
-  # Share the budget left after '[OP' and ']' among the arguments in turn;
-  # what one argument leaves unused flows to the next, so little is wasted.
-  remaining = budget - 2
-  args = []
-  for i in range(num_args):
-    left = num_args - i
-    if left == 1:
-      share = remaining
-    else:
-      fair = remaining / left
-      share = int(fair * rng.uniform(0.5, 1.5)) or 1
-      share = min(share, remaining - (left - 1))
-    start = len(out)
-    args.append(_grow(rng, share, depth + 1, max_depth, max_args, out))
-    remaining -= len(out) - start
-  out.append(END)
-  return apply_operator(op, args)
+def _grow(rng: random.Random, budget: int, depth: int, max_depth: int, max_args: int, out: list[str]) -> int:
+    """Appends a random subtree of at most `budget` tokens; returns its value."""
+    is_leaf = depth > max_depth or budget < 4 or (depth > 1 and rng.random() < _LEAF_PROB)
+    if is_leaf:
+        digit = rng.randrange(10)
+        out.append(str(digit))
+        return digit
+    num_args = rng.randint(2, min(max_args, budget - 2))
+    op = rng.choice(OPERATORS)
+    out.append(op)
+    # Share the budget left after '[OP' and ']' among the arguments in turn;
+    # what one argument leaves unused flows to the next, so little is wasted.
+    remaining = budget - 2
+    args = []
+    for i in range(num_args):
+        left = num_args - i
+        if left == 1:
+            share = remaining
+        else:
+            fair = remaining / left
+            share = int(fair * rng.uniform(0.5, 1.5)) or 1
+            share = min(share, remaining - (left - 1))
+        start = len(out)
+        args.append(_grow(rng, share, depth + 1, max_depth, max_args, out))
+        remaining -= len(out) - start
+    out.append(END)
+    return apply_operator(op, args)
 
 
-def sample_expression(rng: random.Random, config: ListOpsConfig
-                      ) -> tuple[str, int]:
-  """Draws one expression whose token length lies in the config's range.
+def sample_expression(rng: random.Random, config: ListOpsConfig) -> tuple[str, int]:
+    """Draws one expression whose token length lies in the config's range.
 
-  Args:
-    rng: the split's random stream.
-    config: generation parameters.
+    Args:
+      rng: the split's random stream.
+      config: generation parameters.
 
-  Returns:
-    (serialized expression, its value).
-  """
-  while True:
-    budget = rng.randint(config.min_length, config.max_length)
-    tokens: list[str] = []
-    value = _grow(rng, budget, 1, config.max_depth, config.max_args, tokens)
-    if config.min_length <= len(tokens) <= config.max_length:
-      return ' '.join(tokens), value
+    Returns:
+      (serialized expression, its value).
+    """
+    while True:
+        budget = rng.randint(config.min_length, config.max_length)
+        tokens: list[str] = []
+        value = _grow(rng, budget, 1, config.max_depth, config.max_args, tokens)
+        if config.min_length <= len(tokens) <= config.max_length:
+            return " ".join(tokens), value
 
 
 def split_rng(seed: int, split: str) -> random.Random:
-  """An independent, reproducible random stream per (seed, split)."""
-  state = np.random.SeedSequence([seed, SPLITS.index(split)]).generate_state(2)
-  return random.Random(int(state[0]) << 32 | int(state[1]))
+    """An independent, reproducible random stream per (seed, split)."""
+    state = np.random.SeedSequence([seed, SPLITS.index(split)]).generate_state(2)
+    return random.Random(int(state[0]) << 32 | int(state[1]))
 
 
 class Listops(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """LRA ListOps with configurable depth, arity, length and sizes."""
+    """LRA ListOps with configurable depth, arity, length and sizes."""
 
-  name = 'listops'
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
-  BUILDER_CONFIGS = [listops_config()]
+    name = "listops"
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    BUILDER_CONFIGS = [listops_config()]
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=__doc__,
-        features=tfds.features.FeaturesDict({
-            'source': tfds.features.Text(),
-            'label': tfds.features.ClassLabel(num_classes=10),
-        }),
-        supervised_keys=('source', 'label'),
-    )
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=__doc__,
+            features=tfds.features.FeaturesDict(
+                {
+                    "source": tfds.features.Text(),
+                    "label": tfds.features.ClassLabel(num_classes=10),
+                }
+            ),
+            supervised_keys=("source", "label"),
+        )
 
-  def _split_generators(self, dl_manager):
-    del dl_manager  # Nothing to download.
-    config = self.builder_config
-    if max_tokens(config.max_depth, config.max_args) < config.min_length:
-      raise ValueError(
-          f'listops min_length={config.min_length} is unreachable with '
-          f'max_depth={config.max_depth}, max_args={config.max_args}')
-    sizes = dict(zip(SPLITS, (config.num_train, config.num_validation,
-                              config.num_test)))
-    examples = {}
-    for split, size in sizes.items():
-      rng = split_rng(config.seed, split)
-      examples[split] = [sample_expression(rng, config) for _ in range(size)]
-    builders.save_vocab(self, [src for src, _ in examples['train']],
-                        level='word')
-    return {split: self._generate_examples(exs)
-            for split, exs in examples.items()}
+    def _split_generators(self, dl_manager):
+        del dl_manager  # Nothing to download.
+        config = self.builder_config
+        if max_tokens(config.max_depth, config.max_args) < config.min_length:
+            raise ValueError(
+                f"listops min_length={config.min_length} is unreachable with "
+                f"max_depth={config.max_depth}, max_args={config.max_args}"
+            )
+        sizes = dict(zip(SPLITS, (config.num_train, config.num_validation, config.num_test)))
+        examples = {}
+        for split, size in sizes.items():
+            rng = split_rng(config.seed, split)
+            examples[split] = [sample_expression(rng, config) for _ in range(size)]
+        builders.save_vocab(self, [src for src, _ in examples["train"]], level="word")
+        return {split: self._generate_examples(exs) for split, exs in examples.items()}
 
-  def _generate_examples(self, examples):
-    for i, (source, label) in enumerate(examples):
-      yield i, {'source': source, 'label': label}
+    def _generate_examples(self, examples):
+        for i, (source, label) in enumerate(examples):
+            yield i, {"source": source, "label": label}
