@@ -17,6 +17,20 @@ DATA_DIR_ENV = "ATTN_LAB_DATA_DIR"
 DEFAULT_DATA_DIR = os.path.join("~", ".cache", "attn_lab", "tensorflow_datasets")
 
 
+class SyntheticBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """Shared TFDS boilerplate of the generated tasks: version, and info from ``FEATURES``/``SUPERVISED_KEYS``."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    FEATURES: dict = {}
+    SUPERVISED_KEYS: tuple[str, str] = ("source", "target")
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(builder=self, description=self.__doc__,
+                                     features=tfds.features.FeaturesDict(self.FEATURES),
+                                     supervised_keys=self.SUPERVISED_KEYS)
+
+
 def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> str:
     """Picks the data dir: argument, then $ATTN_LAB_DATA_DIR, then the cache.
 

@@ -163,26 +163,13 @@ def split_rng(seed: int, split: str) -> random.Random:
     return random.Random(int(state[0]) << 32 | int(state[1]))
 
 
-class Listops(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class Listops(builders.SyntheticBuilder, skip_registration=True):
     """LRA ListOps with configurable depth, arity, length and sizes."""
 
     name = "listops"
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
     BUILDER_CONFIGS = [listops_config()]
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=__doc__,
-            features=tfds.features.FeaturesDict(
-                {
-                    "source": tfds.features.Text(),
-                    "label": tfds.features.ClassLabel(num_classes=10),
-                }
-            ),
-            supervised_keys=("source", "label"),
-        )
+    FEATURES = {"source": tfds.features.Text(), "label": tfds.features.ClassLabel(num_classes=10)}
+    SUPERVISED_KEYS = ("source", "label")
 
     def _split_generators(self, dl_manager):
         del dl_manager  # Nothing to download.

@@ -87,27 +87,12 @@ def split_values(config: NumbersConfig) -> dict[str, np.ndarray]:
     return {s: np.sort(p) for s, p in zip(SPLITS, parts)}
 
 
-class Numbers(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class Numbers(builders.SyntheticBuilder, skip_registration=True):
     """Number translation between two num2words languages."""
 
     name = "numbers"
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
     BUILDER_CONFIGS = [numbers_config()]
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=__doc__,
-            features=tfds.features.FeaturesDict(
-                {
-                    "source": tfds.features.Text(),
-                    "target": tfds.features.Text(),
-                    "value": np.int64,
-                }
-            ),
-            supervised_keys=("source", "target"),
-        )
+    FEATURES = {"source": tfds.features.Text(), "target": tfds.features.Text(), "value": np.int64}
 
     def _split_generators(self, dl_manager):
         del dl_manager  # Nothing to download.
