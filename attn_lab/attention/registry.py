@@ -109,3 +109,17 @@ def build_kernel(spec: str | Mapping[str, Any] | None, **context: Any) -> Attent
     """Builds the kernel named by ``spec`` with its options plus the shared context (heads, head_dim, rngs...)."""
     name, options = validate_spec(spec)
     return KERNELS[name](**context, **options)
+
+
+def key_padding(mask: jax.Array | None, kernel: str) -> jax.Array | None:
+    """``[batch, 1, 1, kv_len]`` mask -> ``[batch, kv_len]`` boolean key-padding vector (None stays None).
+
+    Efficient kernels never form a ``[q_len, kv_len]`` matrix, so the only mask they accept is per key (padding);
+    the models pass exactly that. Any other mask shape stops with one line naming the kernel.
+    """
+    if mask is None:
+        return None
+    if mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[2] != 1:
+        raise ValueError(f"attention '{kernel}' takes only key-padding masks [batch, 1, 1, kv_len], "
+                         f"got mask shape {tuple(mask.shape)}")
+    return mask[:, 0, 0, :].astype(bool)  # (B, S)

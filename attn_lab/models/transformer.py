@@ -19,6 +19,10 @@ from flax import nnx
 from attn_lab.attention import MultiHeadAttention
 
 KINDS = ("encoder_self", "decoder_self", "cross")
+
+# key_padding_note: the models mask padded *keys* only ([B, 1, 1, S]), never padded queries. A padded query's output
+# is never read (not as a key, not by pooling, not by the loss), and a key-only mask is what efficient kernels
+# (local, kernelized, low-rank) can apply without forming a [T, S] matrix.
 PAD, BOS, EOS = 0, 1, 2  # the reserved ids of attn_lab.data.tokenizers
 
 
@@ -168,8 +172,7 @@ class Seq2Seq(nnx.Module):
 
     def encode(self, inputs: jax.Array, ctx: Ctx = Ctx(), head_masks: dict | None = None) -> jax.Array:
         """``inputs [B, S]`` token ids -> memory ``[B, S, d_model]``."""
-        valid = inputs != PAD  # (B, S)
-        mask = valid[:, None, None, :] & valid[:, None, :, None]  # (B, 1, S, S)
+        mask = (inputs != PAD)[:, None, None, :]  # (B, 1, 1, S): key padding only, see key_padding_note
         return self.encoder(self.encoder.embed(inputs), ctx, self_mask=mask, is_causal=False, head_masks=head_masks)
 
     def decode(self, decoder_inputs: jax.Array, memory: jax.Array, inputs: jax.Array, ctx: Ctx = Ctx(), *,
@@ -213,7 +216,7 @@ class Classifier(nnx.Module):
         if self.cls is not None:
             x = jnp.concatenate([jnp.broadcast_to(self.cls[...], (x.shape[0], 1, x.shape[-1])), x], axis=1)
             valid = jnp.pad(valid, ((0, 0), (1, 0)), constant_values=True)  # (B, L + 1)
-        mask = valid[:, None, None, :] & valid[:, None, :, None]  # (B, 1, L, L)
+        mask = valid[:, None, None, :]  # (B, 1, 1, L)
         h = self.encoder(x, ctx, self_mask=mask, is_causal=False, head_masks=head_masks)
         if self.cls is not None:
             pooled = h[:, 0]  # (B, d)

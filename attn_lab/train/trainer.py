@@ -148,6 +148,10 @@ def train_and_evaluate(config: Any, workdir: str, *, stop_after: int | None = No
     run = Run(config, workdir)
     try:
         run.logger.summary({"num_params": run.num_params})
+        if run.main:
+            write_json_atomic(os.path.join(workdir, "config.json"), config.to_dict())
+            resumed = f", resuming at step {run.start_step}" if run.start_step else ""
+            print(f"{config.task.name}: {run.task.kind} model, {run.num_params:,} parameters{resumed}", flush=True)
         step, train_time = _train_loop(run, stop_after)
         if step < config.train.num_steps:
             return {"step": step, "finished": False}
