@@ -31,6 +31,7 @@ class AttentionKernel(nnx.Module):
     supports_cross: ClassVar[bool] = True
     supports_decode: ClassVar[bool] = True
     supports_weights: ClassVar[bool] = True  # can materialize the attention matrix it implies
+    supports_dropout: ClassVar[bool] = True  # dropout on attention weights (needs the weights)
 
     def __init__(self, *, num_heads: int, num_kv_heads: int, head_dim: int, rngs: nnx.Rngs | None = None,
                  dtype: Any = None, param_dtype: Any = None):
