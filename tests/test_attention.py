@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from attn_lab.attention import KERNELS, MultiHeadAttention, validate_spec
+from attn_lab.attention.dense import apply_weights
 
 B, T, S, D = 2, 7, 5, 16
 
@@ -198,3 +199,53 @@ def test_unknown_kernel_and_option_are_one_line_errors():
         validate_spec({"name": "dense", "window": 3})
     with pytest.raises(ValueError, match="unknown attention.name"):
         MultiHeadAttention(4, D, attention={"name": "nope"}, rngs=nnx.Rngs(0))
+
+
+def _causal_modes(module):
+    return (False, True) if module.kernel.supports_causal else (False,)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_kernel_padding_invariance(name):
+    """Appending masked (padded) keys changes nothing for the real positions."""
+    m = _kernel_module(name)
+    x, extra = _x(1, (B, T, D)), _x(2, (B, 3, D))
+    longer = jnp.concatenate([x, extra], axis=1)  # (B, T + 3, D)
+    valid = jnp.arange(T + 3) < T
+    for causal in _causal_modes(m):
+        short = m(x, mask=jnp.ones((B, 1, 1, T), bool), is_causal=causal)
+        long = m(longer, mask=jnp.broadcast_to(valid, (B, 1, 1, T + 3)), is_causal=causal)
+        np.testing.assert_allclose(long[:, :T], short, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_kernel_weights_explain_output(name):
+    """The attention matrix a kernel reports is the one it applies: heads == weights @ values, same output."""
+    m = _kernel_module(name, num_kv_heads=2)
+    if not m.kernel.supports_weights:
+        pytest.skip("kernel cannot materialize its attention matrix")
+    x = _x(1, (B, T, D))
+    mask = jnp.broadcast_to(jnp.arange(T) < T - 2, (B, 1, 1, T))
+    for causal in _causal_modes(m):
+        plain = m(x, mask=mask, is_causal=causal)
+        captured = m(x, mask=mask, is_causal=causal, sow_weights=True, sow_head_outputs=True)
+        inter = nnx.pop(m, nnx.Intermediate)
+        weights, heads = inter["attention_weights"][0], inter["head_outputs"][0]
+        assert weights.shape == (B, 4, T, T)
+        np.testing.assert_allclose(apply_weights(weights, m.value(x)), heads, atol=1e-4)
+        np.testing.assert_allclose(captured, plain, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_kernel_decode_equals_causal_forward(name):
+    m = _kernel_module(name, num_kv_heads=2)
+    if not (m.kernel.supports_decode and m.kernel.supports_causal):
+        with pytest.raises(ValueError, match="does not support"):
+            m.init_cache((B, T, D))
+            m(_x(1, (B, 1, D)), decode=True)
+        return
+    x = _x(1, (B, T, D))
+    full = m(x, is_causal=True)
+    m.init_cache((B, T, D))
+    steps = [m(x[:, i:i + 1], decode=True) for i in range(T)]
+    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-4)
