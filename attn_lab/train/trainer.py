@@ -84,17 +84,22 @@ class Run:
         self.ckpt.close()
 
 
-def _best(workdir: str) -> dict[str, float]:
-    """Best validation value of each eval metric over the whole run (read back from metrics.jsonl)."""
+def _eval_history(workdir: str) -> tuple[dict[str, float], dict[str, float]]:
+    """(last, best) validation value of each eval metric, read back from metrics.jsonl (so resumes count)."""
+    last: dict[str, float] = {}
     best: dict[str, float] = {}
-    with open(os.path.join(workdir, METRICS_FILE)) as f:
+    path = os.path.join(workdir, METRICS_FILE)
+    if not os.path.exists(path):  # only the main process writes metrics
+        return last, best
+    with open(path) as f:
         for line in f:
             for key, value in json.loads(line).items():
                 if key.startswith("eval/"):
                     name = key[len("eval/"):]
                     better = min if name == "loss" else max
+                    last[name] = value
                     best[name] = value if name not in best else better(best[name], value)
-    return best
+    return last, best
 
 
 def _train_loop(run: Run, stop_after: int | None) -> tuple[int, float]:
@@ -155,11 +160,12 @@ def train_and_evaluate(config: Any, workdir: str, *, stop_after: int | None = No
         step, train_time = _train_loop(run, stop_after)
         if step < config.train.num_steps:
             return {"step": step, "finished": False}
-        final = {"validation": _best_of_last(run), "test": run.evaluate("test")}
+        last, best = _eval_history(workdir)
+        final = {"validation": last, "test": run.evaluate("test")}
         done = step - run.start_step
-        results = {"final": final, "best": _best(workdir), "num_params": run.num_params, "steps": step,
-                   "compilations": run.compilations(), "wall_time_sec": time.time() - start, "steps_per_sec": done / max(train_time, 1e-9),
-                   "config": config.to_dict()}
+        results = {"final": final, "best": best, "num_params": run.num_params, "steps": step,
+                   "compilations": run.compilations(), "wall_time_sec": time.time() - start,
+                   "steps_per_sec": done / max(train_time, 1e-9), "config": config.to_dict()}
         run.logger.log(step, {f"test/{k}": v for k, v in final["test"].items()})
         run.logger.summary({"final/" + k: v for k, v in final["test"].items()})
         if run.main:
@@ -167,13 +173,3 @@ def train_and_evaluate(config: Any, workdir: str, *, stop_after: int | None = No
         return results
     finally:
         run.close()
-
-
-def _best_of_last(run: Run) -> dict[str, float]:
-    """The validation metrics logged at the final step (evaluated once, in the loop)."""
-    last: dict[str, float] = {}
-    with open(os.path.join(run.workdir, METRICS_FILE)) as f:
-        for line in f:
-            record = json.loads(line)
-            last.update({k[len("eval/"):]: v for k, v in record.items() if k.startswith("eval/")})
-    return last
