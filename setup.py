@@ -21,6 +21,7 @@ setup(
         "num2words>=0.5.14",
         "tqdm>=4.66",
         "numpy>=1.26",
+        "matplotlib>=3.8",
     ],
     extras_require={"test": ["pytest>=8.0"]},
 )

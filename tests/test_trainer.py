@@ -112,6 +112,7 @@ BAD = [
     ("model.attention.name", "nope", "unknown model.attention.name 'nope'"),
     ("task.name", "nope", "unknown task.name 'nope'"),
     ("model.norm", "mid", "model.norm='mid' is not one of"),
+    ("model.attention.dense.implementation", "bogus", "model.attention.dense: attention.implementation"),
     ("wandb.mode", "bogus", "wandb.mode='bogus'"),
     ("model.kinds.decoder_self.head_mask", "1,1", "model.kinds.decoder_self.head_mask"),
 ]
@@ -139,3 +140,15 @@ def test_cli_rejects_bad_overrides_in_one_line(tmp_path, override, message):
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [f"error: {proc.stderr.strip()[len('error: '):]}"]
     assert message in proc.stderr and not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("name", sorted(__import__("attn_lab.attention", fromlist=["KERNELS"]).KERNELS))
+def test_listops_trains_with_every_kernel(tmp_path, data_dir, name):
+    """Long Range Arena use: the classification config trains with any registered kernel, chosen by override."""
+    c = _load_config("listops", "quick")
+    c.task.data_dir, c.task.num_train, c.task.num_validation, c.task.num_test = data_dir, 64, 16, 16
+    c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.attention.name = 1, 32, 64, name
+    c.train.update(dict(num_steps=2, batch_size=16, log_every=1, eval_every=2, checkpoint_every=2))
+    results = train_and_evaluate(c, str(tmp_path))
+    assert results["config"]["model"]["attention"]["name"] == name
+    assert np.isfinite(results["final"]["test"]["loss"])

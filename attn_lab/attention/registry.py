@@ -76,21 +76,36 @@ def register(name: str):
 
 
 def split_spec(spec: str | Mapping[str, Any] | None) -> tuple[str, dict[str, Any]]:
-    """``'dense'`` or ``{'name': 'dense', **options}`` (a dict or ConfigDict) -> ``(name, options)``."""
+    """A kernel spec -> ``(name, options)``.
+
+    Accepted: ``'local'``; ``{'name': 'local', 'window': 64}``; or the config form
+    ``{'name': 'local', 'local': {'window': 64}, 'performer': {...}, ...}`` where every kernel keeps its options
+    under its own name (so each is overridable from the command line) and only the chosen one's are used.
+    Options set to None mean "the kernel's default".
+    """
     if spec is None:
         return "dense", {}
     if isinstance(spec, str):
         return spec, {}
     options = dict(spec.to_dict() if hasattr(spec, "to_dict") else spec)
     name = options.pop("name", "dense")
+    nested = options.pop(name, None) or {}
+    options = {k: v for k, v in options.items() if not isinstance(v, Mapping)} | dict(nested)
     return name, {k: v for k, v in options.items() if v is not None}
+
+
+def default_options(name: str) -> dict[str, Any]:
+    """A kernel's options and their defaults, read from its constructor (the config schema is built from this)."""
+    params = inspect.signature(KERNELS[name].__init__).parameters
+    return {k: params[k].default for k in kernel_options(name)}
 
 
 def kernel_options(name: str) -> tuple[str, ...]:
     """The option names a kernel accepts (its keyword-only constructor arguments beyond the shared ones)."""
     shared = set(inspect.signature(AttentionKernel.__init__).parameters)
     params = inspect.signature(KERNELS[name].__init__).parameters
-    return tuple(p for p in params if p not in shared and p != "self")
+    return tuple(p for p, v in params.items() if p not in shared and p != "self"
+                 and v.kind not in (v.VAR_KEYWORD, v.VAR_POSITIONAL))
 
 
 def validate_spec(spec: str | Mapping[str, Any] | None, where: str = "attention") -> tuple[str, dict[str, Any]]:

@@ -19,6 +19,7 @@ from attn_lab.data.builders import listops, numbers
 from attn_lab.data.tokenizers import Vocab
 
 TASKS: tuple[str, ...] = ("numbers", "listops")
+TASK_KINDS: dict[str, str] = {"numbers": "translation", "listops": "classification"}
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
 
 # Task options and their defaults; the config files set the same names.
@@ -213,7 +214,7 @@ def load_task(cfg: Any, data_dir: str | None = None) -> Task:
         builder = builders.prepare(numbers.Numbers, config, data_dir)
         return Task(
             name=name,
-            kind="translation",
+            kind=TASK_KINDS[name],
             vocab=_vocab(builder, "char"),
             num_classes=None,
             max_input_length=opts["max_input_length"],
@@ -224,7 +225,7 @@ def load_task(cfg: Any, data_dir: str | None = None) -> Task:
     builder = builders.prepare(listops.Listops, config, data_dir)
     return Task(
         name=name,
-        kind="classification",
+        kind=TASK_KINDS[name],
         vocab=_vocab(builder, "word"),
         num_classes=10,
         max_input_length=opts["max_length"],

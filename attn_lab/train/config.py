@@ -10,10 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import ml_collections
+from flax import nnx
 from ml_collections import config_dict
 
-from attn_lab.attention import KERNELS, validate_spec
-from attn_lab.data import validate_task_config
+from attn_lab.attention import KERNELS, build_kernel, validate_spec
+from attn_lab.attention.registry import default_options
+from attn_lab.data import TASK_KINDS, validate_task_config
 from attn_lab.models import KINDS, parse_head_mask
 from attn_lab.train.logging import check_wandb_mode
 
@@ -27,6 +29,19 @@ def _kind_overrides() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({k: kind() for k in KINDS})
 
 
+def attention_config(name: str = "dense") -> ml_collections.ConfigDict:
+    """``model.attention``: the kernel name plus every registered kernel's options under its own name.
+
+    Built from the registry, so a new kernel file's options are overridable at once:
+    ``--config.model.attention.name=local --config.model.attention.local.window=256``.
+    """
+    c = ml_collections.ConfigDict({"name": name})
+    for kernel in sorted(KERNELS):
+        c[kernel] = ml_collections.ConfigDict(
+            {k: config_dict.placeholder(int) if v is None else v for k, v in default_options(kernel).items()})
+    return c
+
+
 def base_config() -> ml_collections.ConfigDict:
     """Defaults for every key; task files override what differs."""
     c = ml_collections.ConfigDict()
@@ -35,7 +50,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict({
         "num_layers": 2, "num_decoder_layers": config_dict.placeholder(int), "d_model": 128, "num_heads": 4,
         "num_kv_heads": config_dict.placeholder(int), "head_dim": config_dict.placeholder(int), "mlp_dim": 512,
-        "dropout": 0.1, "attention_dropout": 0.0, "attention": ml_collections.ConfigDict({"name": "dense"}),
+        "dropout": 0.1, "attention_dropout": 0.0, "attention": attention_config(),
         "norm": "pre", "positions": "sinusoidal", "tie_embeddings": True, "pooling": "mean",
         "use_query_bias": True, "use_key_bias": True, "use_value_bias": True, "use_out_bias": True,
         "kinds": _kind_overrides(),
@@ -67,12 +82,12 @@ def _get(config: Any, dotted: str) -> Any:
     return config
 
 
-def _check_model(m: Any) -> None:
+def _check_model(m: Any, task_kind: str) -> None:
     if m.head_dim is None and m.d_model % m.num_heads:
         raise ValueError(f"model.num_heads={m.num_heads} does not divide model.d_model={m.d_model}; "
                          "set model.head_dim to decouple them")
     causal_kinds = {"decoder_self"}
-    for kind in KINDS:
+    for kind in KINDS if task_kind == "translation" else ("encoder_self",):
         over = m.kinds[kind]
         kv = over.num_kv_heads or m.num_kv_heads or m.num_heads
         if over.num_kv_heads is not None and over.num_kv_heads <= 0:
@@ -85,6 +100,11 @@ def _check_model(m: Any) -> None:
         name, _ = validate_spec(spec, where="model.attention" if over.attention is None
                                 else f"model.kinds.{kind}.attention")
         kernel = KERNELS[name]
+        try:  # option values are checked by the kernel's constructor: build one tiny instance, compile nothing
+            build_kernel(spec, num_heads=m.num_heads, num_kv_heads=kv, head_dim=m.head_dim or m.d_model // m.num_heads,
+                         rngs=nnx.Rngs(0))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"model.attention.{name}: {e}") from None
         for wanted, ok, what in ((kind in causal_kinds, kernel.supports_causal, "causal attention"),
                                  (kind == "cross", kernel.supports_cross, "cross-attention"),
                                  (kind == "decoder_self", kernel.supports_decode, "KV-cache decoding"),
@@ -113,5 +133,5 @@ def validate_config(config: Any) -> None:
     if config.train.warmup_steps < 0:
         raise ValueError(f"train.warmup_steps must be >= 0, got {config.train.warmup_steps}")
     validate_task_config(config.task)
-    _check_model(config.model)
+    _check_model(config.model, TASK_KINDS[config.task.name])
     check_wandb_mode(config.wandb.mode)

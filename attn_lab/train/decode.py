@@ -10,15 +10,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attn_lab.models.transformer import BOS, EOS, Ctx
+from attn_lab.train.steps import merge
 
 
-def greedy_decode(params: Any, inputs: jax.Array, *, graphdef: Any, max_len: int) -> jax.Array:
+def greedy_decode(state: dict, inputs: jax.Array, *, graphdef: Any, max_len: int) -> jax.Array:
     """``inputs [B, S]`` -> greedy target ids ``[B, max_len]`` (0 after EOS).
 
     The encoder runs once; each loop step feeds one token to the decoder with ``decode=True`` so its self-attention
     reads and extends the KV cache; the loop stops early once every row has produced EOS.
     """
-    model = nnx.merge(graphdef, params)
+    model = merge(graphdef, state)
     batch = inputs.shape[0]
     memory = model.encode(inputs)  # (B, S, d)
     model.init_cache(batch, max_len)

@@ -1,6 +1,7 @@
 """Pure train and eval steps, compiled in one place (:func:`compile_steps`).
 
-The state is a plain pytree ``{'step', 'params', 'opt_state', 'rng'}`` (params as a pure dict, rng as raw key
+The state is a plain pytree ``{'step', 'params', 'model_state', 'opt_state', 'rng'}`` (params and the model's
+non-trainable variables -- e.g. Performer's random features and redraw counter -- as pure dicts, rng as raw key
 data) so it checkpoints with orbax, vmaps over seeds and shards over devices without special cases. The model is
 rebuilt from its static ``graphdef`` inside each step (``nnx.merge`` costs nothing after tracing).
 """
@@ -35,10 +36,20 @@ def make_optimizer(tcfg: Any) -> optax.GradientTransformation:
                                    weight_decay=tcfg.weight_decay))
 
 
-def init_state(params: Any, tx: optax.GradientTransformation, seed: int) -> dict:
-    """The training state for ``params`` (a pure dict)."""
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-            "rng": jax.random.key_data(jax.random.key(seed))}
+def init_state(params: Any, model_state: Any, tx: optax.GradientTransformation, seed: int) -> dict:
+    """The training state for ``params`` and non-trainable ``model_state`` (pure dicts)."""
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "model_state": model_state,
+            "opt_state": tx.init(params), "rng": jax.random.key_data(jax.random.key(seed))}
+
+
+def merge(graphdef: Any, state: dict, params: Any = None) -> nnx.Module:
+    """The model from a training state (optionally with other ``params``, e.g. the ones being differentiated)."""
+    return nnx.merge(graphdef, state["params"] if params is None else params, state["model_state"])
+
+
+def model_state(model: nnx.Module) -> Any:
+    """The model's variables that are not trainable parameters, as a pure dict."""
+    return nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[2])
 
 
 def forward(model: nnx.Module, batch: dict, kind: str, ctx: Ctx) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -55,23 +66,24 @@ def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTra
     key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
 
     def loss_fn(params):
-        model = nnx.merge(graphdef, params)
+        model = merge(graphdef, state, params)
         logits, labels, weights = forward(model, batch, kind, Ctx(deterministic=False, rngs=nnx.Rngs(dropout=key)))
         loss_sum, weight_sum = losses.cross_entropy(logits, labels, weights, label_smoothing)
-        return loss_sum / jnp.maximum(weight_sum, 1.0), (losses.correct(logits, labels, weights), weight_sum)
+        aux = (losses.correct(logits, labels, weights), weight_sum, model_state(model))
+        return loss_sum / jnp.maximum(weight_sum, 1.0), aux
 
-    (loss, (hits, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    (loss, (hits, count, new_model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     new_state = {**state, "step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
-                 "opt_state": opt_state}
+                 "model_state": new_model_state, "opt_state": opt_state}
     metrics = {"loss": loss, "accuracy": hits / jnp.maximum(count, 1.0), "grad_norm": optax.global_norm(grads),
                "tokens": count}
     return new_state, metrics
 
 
-def eval_step(params: Any, batch: dict, *, graphdef: Any, kind: str) -> dict:
+def eval_step(state: dict, batch: dict, *, graphdef: Any, kind: str) -> dict:
     """Sums (not means) of loss, hits and weights, so batches of any fill combine exactly."""
-    model = nnx.merge(graphdef, params)
+    model = merge(graphdef, state)
     logits, labels, weights = forward(model, batch, kind, Ctx())
     loss_sum, weight_sum = losses.cross_entropy(logits, labels, weights)
     return {"loss": loss_sum, "correct": losses.correct(logits, labels, weights), "weight": weight_sum}

@@ -23,7 +23,7 @@ from attn_lab.train.checkpoint import Checkpointer
 from attn_lab.train.config import validate_config
 from attn_lab.train.decode import compile_decode
 from attn_lab.train.logging import METRICS_FILE, MetricLogger, write_json_atomic
-from attn_lab.train.steps import compile_steps, init_state, make_optimizer
+from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
 
 
 class Run:
@@ -37,13 +37,13 @@ class Run:
         model = build_model(config.model, kind=self.task.kind, vocab_size=self.task.vocab.size, max_len=max_len,
                             num_classes=self.task.num_classes, seed=config.seed)
         self.num_params = count_params(model)
-        self.graphdef, params = nnx.split(model, nnx.Param)
+        self.graphdef, params, _ = nnx.split(model, nnx.Param, ...)
         tx = make_optimizer(config.train)
         self.train_step, self.eval_step = compile_steps(self.graphdef, tx, self.task.kind,
                                                         config.train.label_smoothing)
         self.decode = (compile_decode(self.graphdef, self.task.max_target_length)
                        if self.task.kind == "translation" else None)
-        self.state = init_state(nnx.to_pure_dict(params), tx, config.seed)
+        self.state = init_state(nnx.to_pure_dict(params), model_state(model), tx, config.seed)
         self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
         if self.ckpt.latest_step() is not None:
             self.state = self.ckpt.restore(self.state)
@@ -54,14 +54,14 @@ class Run:
 
     def evaluate(self, split: str) -> dict[str, float]:
         """Loss and accuracy on ``split``; translation adds greedy-decoded BLEU and exact match."""
-        tcfg, params = self.config.train, self.state["params"]
+        tcfg, state = self.config.train, self.state
         sums, hyps = {"loss": 0.0, "correct": 0.0, "weight": 0.0}, []
         for i, batch in enumerate(self.task.dataset(split, tcfg.batch_size, train=False)):
             if tcfg.max_eval_batches and i >= tcfg.max_eval_batches:
                 break
-            sums = {k: sums[k] + float(v) for k, v in self.eval_step(params, batch).items()}
+            sums = {k: sums[k] + float(v) for k, v in self.eval_step(state, batch).items()}
             if self.decode is not None:
-                hyps += [self.task.decode(row) for row in np.asarray(self.decode(params, batch["inputs"]))]
+                hyps += [self.task.decode(row) for row in np.asarray(self.decode(state, batch["inputs"]))]
         result = metrics_lib.summarize(sums)
         if self.decode is not None:
             refs = self.task.references(split)[: len(hyps)]

@@ -1,0 +1,405 @@
+"""Times forward+backward and reads compiled memory of every registered attention kernel against two references.
+
+    python scripts/bench_attention.py [--lengths 1024,2048,4096,8192,16384] [--batch 4 --heads 8 --head-dim 64]
+                                      [--kernels all] [--max-gib 16] [--out bench/attention] [--quick]
+
+Each case is one jitted ``grad`` of ``sum(attention(q, k, v) * dout)`` on random inputs: the kernel alone (from
+``attn_lab.attention.KERNELS`` as registered *at run time*, with the benchmark options below), beside
+``jax.nn.dot_product_attention`` and a full ``flax.nnx.MultiHeadAttention`` layer (d_model = heads * head_dim, so it
+adds the four projections). Each case is compiled ahead of time; ``compiled.memory_analysis()`` gives its memory
+before anything is allocated, so cases over ``--max-gib`` are recorded as ``oom`` instead of run, and the T x T
+cases whose score matrices obviously cannot fit (estimate ``3 * B*N*T*T*4`` bytes) are skipped before compiling.
+Time is one warm-up run, then the median of a few more (fewer at long lengths, and none when the warm-up alone
+exceeds ``--case-seconds``). To keep the full default run within ~15 minutes on 2 CPU cores, ``--time-budget``
+bounds the whole run: the reference and the targets' rows run first at each length, and a case whose time,
+extrapolated from its row at the previous length, would not fit in what is left is recorded as skipped.
+
+Writes ``<out>.csv`` (one row per kernel and length), ``<out>.md`` (time and memory ratios vs
+``jax.nn.dot_product_attention`` and one PASS/FAIL line per target) and ``<out>.png`` (log-log time and memory vs
+length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from attn_lab.attention import KERNELS, build_kernel  # noqa: E402
+from attn_lab.attention.registry import kernel_options  # noqa: E402
+
+REF = "jax.nn.dot_product_attention"
+FLAX = "flax.nnx.MultiHeadAttention"
+LINEAR_KERNELS = ("local", "linformer", "performer", "linear")  # the targets' linear-complexity kernels
+QUADRATIC_MEMORY = {REF, FLAX, "dense/xla"}  # rows that form the [B, N, T, T] score matrix
+MEMORY_NOTE = "compiled.memory_analysis(): temp_bytes=temp_size_in_bytes; total_bytes=temp+argument+output"
+
+
+@dataclass
+class Case:
+    """One benchmark row at one length."""
+    label: str  # e.g. 'dense/chunked', 'linformer', REF
+    kernel: str  # registered name, or the reference's name
+    options: dict[str, Any]
+    length: int
+    seconds: float | None = None
+    repeats: int = 0
+    memory: dict[str, int] = field(default_factory=dict)
+    status: str = "ok"
+
+
+def bench_options(name: str, length: int) -> list[tuple[str, dict[str, Any]]]:
+    """``(label, options)`` rows for one registered kernel at one length; options the kernel lacks are dropped."""
+    if name == "dense":
+        impls = getattr(KERNELS[name], "IMPLEMENTATIONS", ("xla",))
+        return [(f"dense/{impl}", {"implementation": impl}) for impl in ("xla", "chunked") if impl in impls]
+    wanted = {"local": {"window": 256}, "linformer": {"k": 256, "max_len": max(4096, length)},
+              "performer": {"num_features": 256}}.get(name, {})
+    accepted = kernel_options(name)
+    return [(name, {key: val for key, val in wanted.items() if key in accepted})]
+
+
+def kernel_loss(name: str, options: dict[str, Any], heads: int, head_dim: int
+                ) -> tuple[Callable[..., jax.Array], tuple[Any, ...]]:
+    """``loss(q, k, v, dout, params)`` for one registered kernel, and its (non-differentiated) extra state."""
+    kernel = build_kernel({"name": name, **options}, num_heads=heads, num_kv_heads=heads, head_dim=head_dim,
+                          rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(kernel, nnx.Param, ...)
+
+    def loss(q, k, v, dout, params):
+        out, _ = nnx.merge(graphdef, params, rest)(
+            q, k, v, mask=None, is_causal=False, dropout_rng=None, dropout_rate=0.0, broadcast_dropout=True,
+            deterministic=True, precision=None, need_weights=False)  # (B, T, N, H)
+        return jnp.sum(out * dout)
+
+    return loss, (params,)
+
+
+def make_case_fn(case: Case, batch: int, heads: int, head_dim: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The jitted fwd+bwd function of a case and its arguments (random inputs, fixed seeds)."""
+    keys = jax.random.split(jax.random.key(0), 4)
+    shape = (batch, case.length, heads, head_dim)  # (B, T, N, H)
+    if case.kernel == FLAX:
+        d_model = heads * head_dim
+        layer = nnx.MultiHeadAttention(heads, d_model, decode=False, rngs=nnx.Rngs(0))
+        graphdef, params = nnx.split(layer, nnx.Param)
+        x, dout = (jax.random.normal(k, (batch, case.length, d_model)) for k in keys[:2])  # (B, T, D)
+
+        def loss(x, dout, params):
+            return jnp.sum(nnx.merge(graphdef, params)(x) * dout)
+
+        return jax.jit(jax.grad(loss, argnums=(0, 2))), (x, dout, params)
+    q, k, v, dout = (jax.random.normal(key, shape) for key in keys)
+    if case.kernel == REF:
+        def ref_loss(q, k, v, dout):
+            return jnp.sum(jax.nn.dot_product_attention(q, k, v) * dout)
+
+        return jax.jit(jax.grad(ref_loss, argnums=(0, 1, 2))), (q, k, v, dout)
+    loss, extra = kernel_loss(case.kernel, case.options, heads, head_dim)
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 4))), (q, k, v, dout, *extra)
+
+
+def memory_of(compiled: Any) -> dict[str, int]:
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return {}
+    temp, arg, out = (int(getattr(stats, f"{n}_size_in_bytes", 0)) for n in ("temp", "argument", "output"))
+    return {"temp": temp, "argument": arg, "output": out, "total": temp + arg + out}
+
+
+def short_error(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".splitlines()[0][:160]
+    oom = any(s in str(err) for s in ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "MemoryError"))
+    return ("oom: " if oom or isinstance(err, MemoryError) else "error: ") + text.replace(",", ";")
+
+
+def run_case(case: Case, args: argparse.Namespace, budget: float) -> None:
+    """Compiles, checks memory against the budget, then times; fills ``case`` in place, never raises."""
+    b, n, t = args.batch, args.heads, case.length
+    score_bytes = 3 * b * n * t * t * 4
+    if case.label in QUADRATIC_MEMORY and score_bytes > budget:
+        case.status = f"skipped: T x T estimate {score_bytes / 2**30:.1f} GiB > budget {budget / 2**30:.1f} GiB"
+        return
+    try:
+        fn, inputs = make_case_fn(case, b, n, args.head_dim)
+        compiled = fn.lower(*inputs).compile()
+        case.memory = memory_of(compiled)
+        if case.memory.get("total", 0) > budget:
+            case.status = f"oom: memory analysis {case.memory['total'] / 2**30:.1f} GiB > budget"
+            return
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*inputs))  # warm-up
+        warm = time.perf_counter() - start
+        repeats = args.repeats if t <= 2048 else max(1, args.repeats // 2) if t <= 4096 else 1
+        repeats = min(repeats, int(args.case_seconds // max(warm, 1e-9)))
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(compiled(*inputs))
+            times.append(time.perf_counter() - start)
+        case.seconds, case.repeats = (statistics.median(times), repeats) if times else (warm, 0)
+        if not times:
+            case.status = "ok (warm-up time only)"
+    except Exception as err:  # noqa: BLE001 -- a failing case is a row, not a crash
+        case.status = short_error(err)
+    finally:
+        gc.collect()
+
+
+def available_bytes() -> float:
+    """MemAvailable from /proc/meminfo (inf where unknown): the budget never exceeds what the machine has."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return 0.9 * int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return math.inf
+
+
+def priority(label: str) -> int:
+    """Run order within a length: the reference and the targets' rows first, so a time budget cuts the rest."""
+    order = [REF, "dense/chunked", *LINEAR_KERNELS, FLAX, "dense/xla"]
+    return order.index(label) if label in order else len(order)
+
+
+def plan(args: argparse.Namespace) -> list[Case]:
+    """Every (row, length) case: the references and each registered kernel (optionally filtered), by length."""
+    wanted = None if args.kernels == "all" else set(args.kernels.split(","))
+    cases = []
+    for length in args.lengths:
+        rows = [Case(REF, REF, {}, length), Case(FLAX, FLAX, {"d_model": args.heads * args.head_dim}, length)]
+        for name in sorted(KERNELS):
+            for label, options in bench_options(name, length):
+                if wanted is None or name in wanted or label in wanted:
+                    rows.append(Case(label, name, options, length))
+        cases += sorted(rows, key=lambda c: priority(c.label))
+    return cases
+
+
+def predicted_seconds(case: Case, done: list[Case], args: argparse.Namespace) -> float:
+    """Wall time this case will take, from the same row at the last shorter length (0 when unknown).
+
+    Time is scaled by length for the targets' linear kernels and by length squared for everything else
+    (conservative for kernels of unknown complexity); the case runs a warm-up plus repeats capped by --case-seconds.
+    """
+    prev = [c for c in done if c.label == case.label and ran(c) and c.length < case.length]
+    if not prev:
+        return 0.0
+    last = max(prev, key=lambda c: c.length)
+    one = last.seconds * (case.length / last.length) ** (1 if case.label in LINEAR_KERNELS else 2)
+    return one + min(args.case_seconds, one * args.repeats)
+
+
+# --- reports -----------------------------------------------------------------------------------------------------
+
+def write_csv(cases: list[Case], args: argparse.Namespace, path: Path) -> None:
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["kernel", "label", "options", "length", "batch", "heads", "head_dim", "fwd_bwd_seconds",
+                    "repeats", "temp_bytes", "argument_bytes", "output_bytes", "total_bytes", "memory_source",
+                    "status"])
+        for c in cases:
+            m = c.memory
+            w.writerow([c.kernel, c.label, json.dumps(c.options, sort_keys=True), c.length, args.batch, args.heads,
+                        args.head_dim, "" if c.seconds is None else f"{c.seconds:.6f}", c.repeats,
+                        m.get("temp", ""), m.get("argument", ""), m.get("output", ""), m.get("total", ""),
+                        MEMORY_NOTE, c.status])
+
+
+def index(cases: list[Case]) -> dict[tuple[str, int], Case]:
+    return {(c.label, c.length): c for c in cases}
+
+
+def ran(c: Case | None) -> bool:
+    return c is not None and c.seconds is not None
+
+
+def ratios(c: Case | None, ref: Case | None) -> tuple[float | None, float | None]:
+    """(speedup, memory reduction) of ``c`` vs the reference at the same length; None where either did not run."""
+    if not (ran(c) and ran(ref)):
+        return None, None
+    speed = ref.seconds / c.seconds
+    mem = ref.memory["temp"] / max(c.memory["temp"], 1) if c.memory and ref.memory else None
+    return speed, mem
+
+
+def targets(cases: list[Case]) -> list[str]:
+    """One PASS/FAIL/SKIP line per target (ratios from this run)."""
+    idx, lines = index(cases), []
+    labels = {c.label for c in cases}
+
+    def at(label, length):
+        return idx.get((label, length))
+
+    for name in LINEAR_KERNELS:
+        what = f"{name} at 4096: >=10x faster and >=10x less memory than {REF} fwd+bwd"
+        c, ref = at(name, 4096), at(REF, 4096)
+        if name not in labels:
+            lines.append(f"SKIP {what} (not registered / not selected)")
+        elif c is None or ref is None:
+            lines.append(f"SKIP {what} (4096 not in --lengths)")
+        else:
+            speed, mem = ratios(c, ref)
+            ok = speed is not None and mem is not None and speed >= 10 and mem >= 10
+            lines.append(f"{'PASS' if ok else 'FAIL'} {what}: speedup {fmt(speed)}x, memory {fmt(mem)}x"
+                         + ("" if ran(c) and ran(ref) else f" [{c.status} / ref {ref.status}]"))
+    what = f"dense/chunked at 2048 at least as fast as {REF}"
+    c, ref = at("dense/chunked", 2048), at(REF, 2048)
+    if "dense/chunked" not in labels:
+        lines.append(f"SKIP {what} (dense implementation 'chunked' not registered / not selected)")
+    elif c is None or ref is None:
+        lines.append(f"SKIP {what} (2048 not in --lengths)")
+    else:
+        speed, _ = ratios(c, ref)
+        lines.append(f"{'PASS' if speed is not None and speed >= 1 else 'FAIL'} {what}: speedup {fmt(speed)}x")
+    for label in ("dense/chunked", *LINEAR_KERNELS):
+        what = f"{label} runs at 16384"
+        c = at(label, 16384)
+        if label not in labels:
+            lines.append(f"SKIP {what} (not registered / not selected)")
+        elif c is None:
+            lines.append(f"SKIP {what} (16384 not in --lengths)")
+        elif c.status.startswith("skipped: predicted"):
+            lines.append(f"SKIP {what} ({c.status})")
+        else:
+            lines.append(f"{'PASS' if ran(c) else 'FAIL'} {what}: {c.status}"
+                         + (f", {c.seconds:.3f} s" if ran(c) else ""))
+    return lines
+
+
+def fmt(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def write_md(cases: list[Case], args: argparse.Namespace, path: Path, budget: float) -> list[str]:
+    idx = index(cases)
+    labels = list(dict.fromkeys(c.label for c in cases))
+    head = "| kernel | options | " + " | ".join(str(t) for t in args.lengths) + " |"
+    rule = "|---|---|" + "---|" * len(args.lengths)
+    opts = {c.label: json.dumps(c.options, sort_keys=True) for c in cases}
+
+    def cell(label, t, kind):
+        c, ref = idx.get((label, t)), idx.get((REF, t))
+        if not ran(c):
+            return c.status.split(":")[0] if c else ""
+        speed, mem = ratios(c, ref)
+        if kind == "time":
+            return f"{c.seconds:.3g} s ({fmt(speed, 2)}x)"
+        return f"{c.memory.get('temp', 0) / 2**20:.3g} MiB ({fmt(mem, 2)}x)"
+
+    lines = [f"# Attention fwd+bwd benchmark", "",
+             f"batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, float32, "
+             f"backend {jax.default_backend()} ({os.cpu_count()} CPUs visible), memory budget "
+             f"{budget / 2**30:.1f} GiB. Ratios are vs `{REF}` at the same length (speedup = ref time / time; "
+             f"memory = ref temp / temp); n/a where the reference did not run. Memory is XLA's "
+             f"`temp_size_in_bytes` (working set beyond arguments and outputs; see the CSV for the others).", "",
+             "## Time (median seconds, speedup vs reference)", "", head, rule]
+    lines += [f"| {lb} | `{opts[lb]}` | " + " | ".join(cell(lb, t, "time") for t in args.lengths) + " |"
+              for lb in labels]
+    lines += ["", "## Memory (compiled temp MiB, reduction vs reference)", "", head, rule]
+    lines += [f"| {lb} | `{opts[lb]}` | " + " | ".join(cell(lb, t, "mem") for t in args.lengths) + " |"
+              for lb in labels]
+    notes = [f"- {c.label} @ {c.length}: {c.status}" for c in cases if c.status != "ok"]
+    result = targets(cases)
+    lines += ["", "## Targets", ""] + [f"- {t}" for t in result]
+    lines += (["", "## Not run / notes", ""] + notes) if notes else []
+    path.write_text("\n".join(lines) + "\n")
+    return result
+
+
+def write_png(cases: list[Case], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label in dict.fromkeys(c.label for c in cases):
+        rows = [c for c in cases if c.label == label and ran(c)]
+        if not rows:
+            continue
+        style = "--" if label in (REF, FLAX) else "-"
+        xs = [c.length for c in rows]
+        ax_t.plot(xs, [c.seconds for c in rows], style, marker="o", label=label)
+        mem = [(c.length, c.memory["temp"] / 2**20) for c in rows if c.memory.get("temp")]
+        if mem:
+            ax_m.plot(*zip(*mem), style, marker="o", label=label)
+    for ax, ylabel in ((ax_t, "fwd+bwd seconds (median)"), (ax_m, "compiled temp memory (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lengths", default="1024,2048,4096,8192,16384")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--kernels", default="all", help="'all' or comma-separated names/labels (e.g. dense/chunked)")
+    p.add_argument("--max-gib", type=float, default=16.0, help="memory budget per case (also capped by free RAM)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs after the warm-up (halved at 4096, 1 above)")
+    p.add_argument("--case-seconds", type=float, default=20.0,
+                   help="no more timed repeats than fit in this many seconds (warm-up time used if none fit)")
+    p.add_argument("--time-budget", type=float, default=840.0,
+                   help="seconds for all cases; a case predicted (from its row at a shorter length) not to fit "
+                        "in what is left is recorded as skipped")
+    p.add_argument("--out", default="bench/attention", help="output prefix: <out>.csv, <out>.md, <out>.png")
+    p.add_argument("--quick", action="store_true", help="lengths 256,512 and batch 1 (smoke test, < 1 minute)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.lengths, args.batch, args.repeats = "256,512", 1, min(args.repeats, 2)
+    args.lengths = [int(t) for t in str(args.lengths).split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    budget = min(args.max_gib * 2**30, available_bytes())
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cases = plan(args)
+    print(f"{len(cases)} cases; kernels registered: {', '.join(sorted(KERNELS))}; "
+          f"budget {budget / 2**30:.1f} GiB", flush=True)
+    start = time.perf_counter()
+    for i, case in enumerate(cases):
+        left = args.time_budget - (time.perf_counter() - start)
+        guess = predicted_seconds(case, cases[:i], args)
+        if guess > left:
+            case.status = f"skipped: predicted {guess:.0f} s > {max(left, 0):.0f} s left of --time-budget"
+        else:
+            run_case(case, args, budget)
+        mem = case.memory.get("temp")
+        print(f"[{i + 1}/{len(cases)} {time.perf_counter() - start:6.0f}s] {case.label:30s} T={case.length:6d} "
+              f"{fmt(case.seconds, 4):>9s} s  temp {fmt(mem and mem / 2**20, 1):>9s} MiB  {case.status}",
+              flush=True)
+    write_csv(cases, args, out.with_suffix(".csv"))
+    result = write_md(cases, args, out.with_suffix(".md"), budget)
+    write_png(cases, out.with_suffix(".png"))
+    print("\n".join(result))
+    print(f"wrote {out}.csv, {out}.md, {out}.png in {time.perf_counter() - start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
