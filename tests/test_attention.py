@@ -249,3 +249,16 @@ def test_kernel_decode_equals_causal_forward(name):
     m.init_cache((B, T, D))
     steps = [m(x[:, i:i + 1], decode=True) for i in range(T)]
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-4)
+
+
+def test_module_passes_training_flag_to_stateful_kernels():
+    """Performer redraws its features in training calls only, also through the module (no attention dropout)."""
+    m = MultiHeadAttention(4, D, attention={"name": "performer", "num_features": 8, "redraw_every": 1},
+                           rngs=nnx.Rngs(0))
+    x = _x(1, (B, T, D))
+    start = np.asarray(m.kernel.projection[...])
+    m(x, deterministic=True)
+    np.testing.assert_array_equal(m.kernel.projection[...], start)
+    m(x, deterministic=False)
+    m(x, deterministic=False)
+    assert not np.allclose(m.kernel.projection[...], start)

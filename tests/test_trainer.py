@@ -63,12 +63,21 @@ def test_one_run_writes_results_metrics_wandb_and_checkpoints(tmp_path, data_dir
     assert Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 12
 
 
-def test_resume_equals_uninterrupted(tmp_path, data_dir):
-    full = train_and_evaluate(tiny_numbers(data_dir), str(tmp_path / "full"))
-    partial = train_and_evaluate(tiny_numbers(data_dir), str(tmp_path / "resumed"), stop_after=6)
+def _with_attention(config, attention):
+    config.model.attention.name = attention
+    if attention == "performer":  # stateful kernel: its redrawn features must be checkpointed too
+        config.model.attention.performer.update(dict(num_features=16, redraw_every=2))
+    return config
+
+
+@pytest.mark.parametrize("attention", ["dense", "performer"])
+def test_resume_equals_uninterrupted(tmp_path, data_dir, attention):
+    config = lambda: _with_attention(tiny_numbers(data_dir), attention)
+    full = train_and_evaluate(config(), str(tmp_path / "full"))
+    partial = train_and_evaluate(config(), str(tmp_path / "resumed"), stop_after=6)
     assert partial == {"step": 6, "finished": False}
     assert not (tmp_path / "resumed" / "results.json").exists()
-    resumed = train_and_evaluate(tiny_numbers(data_dir), str(tmp_path / "resumed"))
+    resumed = train_and_evaluate(config(), str(tmp_path / "resumed"))
     assert resumed["final"] == full["final"] and resumed["best"] == full["best"]
     assert _lines(tmp_path / "resumed") == _lines(tmp_path / "full")
 

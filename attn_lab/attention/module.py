@@ -159,9 +159,11 @@ class MultiHeadAttention(nnx.Module):
         return head_mask[:, None, :, None]  # (B, 1, N, 1)
 
     def _dropout_rng(self, deterministic: bool | None, rngs: Any) -> tuple[Array | None, bool]:
-        if self.dropout_rate <= 0.0:
-            return None, True
+        """(dropout key or None, deterministic). The flag reaches the kernel even without dropout: stateful
+        kernels (Performer's feature redraw) act only in training calls."""
         deterministic = self.deterministic if deterministic is None else deterministic
+        if self.dropout_rate <= 0.0:
+            return None, True if deterministic is None else bool(deterministic)
         if deterministic is None:
             raise ValueError("MultiHeadAttention with dropout needs `deterministic` (argument or attribute)")
         if deterministic:
