@@ -127,7 +127,7 @@ def chunked_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, key
         stats = jnp.full((b, k, g, cq), NEG, jnp.float32)  # (B, K, G, cq)
         init = (stats, jnp.zeros_like(stats), jnp.zeros((b, k, g, cq, h), jnp.float32))
         xs = (jnp.arange(nk), k_blocks, v_blocks, visible_blocks, real_blocks)
-        (_, l, acc), _ = jax.lax.scan(jax.checkpoint(key_step), init, xs)
+        (_, l, acc), _ = jax.lax.scan(jax.checkpoint(key_step, prevent_cse=False), init, xs)
         return acc / l[..., None]  # (B, K, G, cq, H); l >= 1: the row max contributes exp(0)
 
     out = jax.lax.map(query_block, (jnp.arange(q_blocks.shape[0]), q_blocks))  # (nq, B, K, G, cq, H)

@@ -1,0 +1,135 @@
+"""Sliding-window (local) self-attention.
+
+Each query attends only to keys within a fixed distance, as in the local attention of Image Transformer
+(Parmar et al. 2018) and the sliding window of Longformer (Beltagy et al. 2020, "Longformer: The Long-Document
+Transformer", arXiv:2004.05150). The band is computed blockwise in O(T * window) time and memory: the sequence is
+split into blocks of ``window`` queries, and each block attends to its own block of keys plus its neighbours
+(the previous one when causal; previous and next when two-sided), which covers every key the band can reach; a
+``[window, 3 * window]`` mask then cuts that down to the exact band. No ``[T, T]`` matrix is formed, except when the
+attention matrix is asked for (``need_weights``, meant for analysis at small T).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from attn_lab.attention.dense import NEG, apply_weights, group_heads
+from attn_lab.attention.registry import AttentionKernel, key_padding, register
+
+
+def in_band(offset: jax.Array, window: int, is_causal: bool) -> jax.Array:
+    """Whether a key at ``offset = query_pos - key_pos`` is in the window (causal: 0 <= offset < window)."""
+    if is_causal:
+        return (offset >= 0) & (offset < window)
+    return jnp.abs(offset) < window
+
+
+def band_softmax(logits: jax.Array, visible: jax.Array, counted: jax.Array) -> jax.Array:
+    """Softmax over the ``counted`` keys (the in-range band), with the ``counted & ~visible`` ones masked to NEG.
+
+    Keys outside the band get weight exactly 0, so a query whose in-band keys are all padding gets uniform weights
+    over its band (finite, like dense's fully masked rows) rather than mass on keys it cannot see. Rows with nothing
+    counted (the padding added to fill the last block) get zeros and a safe denominator, so gradients stay finite.
+    """
+    logits = jnp.where(visible & counted, logits.astype(jnp.float32), NEG)
+    top = jax.lax.stop_gradient(logits.max(-1, keepdims=True))  # softmax does not depend on it
+    p = jnp.where(counted, jnp.exp(logits - top), 0.0)
+    total = p.sum(-1, keepdims=True)
+    return p / jnp.where(total > 0.0, total, 1.0)
+
+
+def neighbour_blocks(x: jax.Array, block: int, num_blocks: int, left: int, right: int) -> jax.Array:
+    """``[B, T, ...] -> [B, num_blocks, (left + 1 + right) * block, ...]``: each block with its neighbours.
+
+    Out-of-range positions are zero (False) padding. The concatenation runs over at most 3 static offsets.
+    """
+    b, t = x.shape[:2]
+    pad_back = (num_blocks + right) * block - t
+    x = jnp.pad(x, [(0, 0), (left * block, pad_back)] + [(0, 0)] * (x.ndim - 2))
+    x = x.reshape(b, num_blocks + left + right, block, *x.shape[2:])  # (B, nb + left + right, w, ...)
+    return jnp.concatenate([x[:, o:o + num_blocks] for o in range(left + 1 + right)], axis=2)  # (B, nb, C, ...)
+
+
+def local_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, window: int, is_causal: bool = False,
+                    key_valid: jax.Array | None = None, precision: Any = None) -> jax.Array:
+    """Blockwise sliding-window self-attention, ``[B, T, N, H]`` x ``[B, T, K, H]`` -> ``[B, T, N, H]``.
+
+    Query i sees key j when ``|i - j| < window`` (two-sided: up to ``2 * window - 1`` keys) or, when causal,
+    ``i - window < j <= i`` (up to ``window`` keys, itself included), and ``key_valid[b, j]`` (a ``[B, T]``
+    key-padding vector). Cost O(T * window) in time and memory.
+    """
+    b, t, n, h = query.shape
+    k = key.shape[2]
+    w = min(window, t)  # block size >= window, so neighbouring blocks cover the band
+    nb = -(-t // w)
+    left, right = int(nb > 1), int(nb > 1 and not is_causal)
+    q = group_heads(query, k) / jnp.sqrt(h).astype(query.dtype)  # (B, T, K, G, H)
+    q = jnp.pad(q, [(0, 0), (0, nb * w - t), (0, 0), (0, 0), (0, 0)]).reshape(b, nb, w, k, n // k, h)  # (B,nb,w,K,G,H)
+    keys = neighbour_blocks(key, w, nb, left, right)  # (B, nb, C, K, H)
+    values = neighbour_blocks(value, w, nb, left, right)  # (B, nb, C, K, H)
+    valid = jnp.ones((b, t), bool) if key_valid is None else key_valid.astype(bool)  # (B, T)
+    visible = neighbour_blocks(valid, w, nb, left, right)[:, None, None, :, None, :]  # (B, 1, 1, nb, 1, C)
+    q_pos = jnp.arange(nb)[:, None] * w + jnp.arange(w)[None, :]  # (nb, w)
+    k_pos = (jnp.arange(nb)[:, None] - left) * w + jnp.arange(keys.shape[2])[None, :]  # (nb, C)
+    counted = in_band(q_pos[:, :, None] - k_pos[:, None, :], window, is_causal)  # (nb, w, C)
+    counted &= ((k_pos >= 0) & (k_pos < t))[:, None, :]  # (nb, w, C)
+    logits = jnp.einsum("bnqkgh,bnckh->bkgnqc", q, keys, precision=precision,
+                        preferred_element_type=jnp.float32)  # (B, K, G, nb, w, C)
+    weights = band_softmax(logits, visible, counted)  # (B, K, G, nb, w, C)
+    out = jnp.einsum("bkgnqc,bnckh->bnqkgh", weights.astype(value.dtype), values,
+                     precision=precision)  # (B, nb, w, K, G, H)
+    return out.reshape(b, nb * w, n, h)[:, :t]  # (B, T, N, H)
+
+
+def band_weights(query: jax.Array, key: jax.Array, *, window: int, is_causal: bool = False,
+                 key_valid: jax.Array | None = None, precision: Any = None) -> jax.Array:
+    """The dense ``[B, N, T, T]`` matrix :func:`local_attention` implies (O(T^2): for analysis at small T)."""
+    b, t, n, h = query.shape
+    q = group_heads(query, key.shape[2]) / jnp.sqrt(h).astype(query.dtype)  # (B, T, K, G, H)
+    logits = jnp.einsum("btkgh,bskh->bkgts", q, key, precision=precision,
+                        preferred_element_type=jnp.float32).reshape(b, n, t, t)  # (B, N, T, T)
+    counted = in_band(jnp.arange(t)[:, None] - jnp.arange(t)[None, :], window, is_causal)  # (T, T)
+    valid = jnp.ones((b, t), bool) if key_valid is None else key_valid.astype(bool)  # (B, T)
+    return band_softmax(logits, valid[:, None, None, :], counted).astype(query.dtype)  # (B, N, T, T)
+
+
+@register("local")
+class LocalAttention(AttentionKernel):
+    """Sliding-window self-attention (see the module docstring).
+
+    Options:
+      window: band half-width (default 128). Two-sided: query i sees keys with ``|i - j| < window``; causal:
+        ``i - window < j <= i``. ``window >= T`` gives dense attention (a causal query with
+        every visible key padded averages keys j <= i, where dense averages all keys).
+
+    Self-attention only (query i and key i are the same position), key-padding masks only, no KV-cache decoding
+    and no attention dropout. ``need_weights`` returns the dense band matrix and the output computed from it, so
+    ``out == dense.apply_weights(weights, value)`` exactly.
+    """
+
+    supports_cross = False
+    supports_decode = False
+    supports_dropout = False
+
+    def __init__(self, *, window: int = 128, **shared: Any):
+        super().__init__(**shared)
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"attention.window must be a positive integer, got {window!r}")
+        self.window = window
+
+    def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
+                 deterministic, precision, need_weights):
+        if key.shape[1] != query.shape[1]:
+            raise ValueError(f"attention 'local' is self-attention only: q_len {query.shape[1]} != "
+                             f"kv_len {key.shape[1]}")
+        if dropout_rate > 0.0 and not deterministic:
+            raise ValueError("attention 'local' does not support attention dropout")
+        opts = dict(window=self.window, is_causal=is_causal, key_valid=key_padding(mask, self.name),
+                    precision=precision)
+        if need_weights:
+            weights = band_weights(query, key, **opts)  # (B, N, T, T)
+            return apply_weights(weights, value, precision), weights
+        return local_attention(query, key, value, **opts), None
