@@ -106,11 +106,11 @@ def test_chunked_memory_is_a_fraction_of_xla():
 
 def _band(t, window, causal):
     offset = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]  # (T, T): query - key
-    return (offset >= 0) & (offset < window) if causal else jnp.abs(offset) < window
+    return (offset >= 0) & (offset < window) if causal else jnp.abs(offset) <= window // 2
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("window", [T, T + 4])
+@pytest.mark.parametrize("window", [2 * T, 2 * T + 3])
 def test_local_with_wide_window_equals_dense(window, causal):
     mask = _valid(T)[:, None, None, :]  # (B, 1, 1, T); no query loses all its keys
     ours = lambda q, k, v: _kernel_call({"name": "local", "window": window}, 2, q, k, v, mask=mask,
@@ -119,7 +119,7 @@ def test_local_with_wide_window_equals_dense(window, causal):
     _assert_same_value_and_grads(ours, ref, _qkv(T, T, 2))
 
 
-@pytest.mark.parametrize("window,num_kv,causal", [(3, 4, False), (3, 2, True), (4, 1, True), (5, 2, False)])
+@pytest.mark.parametrize("window,num_kv,causal", [(5, 4, False), (3, 2, True), (4, 1, True), (7, 2, False)])
 def test_local_small_window_equals_banded_dense(window, num_kv, causal):
     """T = 11 is a multiple of no window here, so the last block is padded."""
     valid = _valid(T)  # 2 padded keys < window: every query keeps a visible key

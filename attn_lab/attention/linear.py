@@ -145,21 +145,33 @@ class KernelizedAttention(AttentionKernel):
             raise ValueError(f"attention.chunk_size must be >= 0 (0 = unchunked prefix sums), got {chunk_size}")
         self.chunk_size = chunk_size
 
-    def features(self, query: jax.Array, key: jax.Array, valid: jax.Array | None, deterministic: bool
+    def feature_state(self, deterministic: bool) -> Any:
+        """Arrays the feature map needs this call (e.g. a random projection); stateful updates happen here."""
+        return None
+
+    def features(self, state: Any, query: jax.Array, key: jax.Array, valid: jax.Array | None
                  ) -> tuple[jax.Array, jax.Array]:
-        """``(q_feat [B, T, K, G, F], k_feat [B, S, K, F])`` in float32; padded keys may be left non-zero."""
+        """Pure: ``(q_feat [B, T, K, G, F], k_feat [B, S, K, F])`` in float32; padded keys may be left non-zero."""
         raise NotImplementedError
 
     def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
                  deterministic, precision, need_weights):
         valid = key_padding(mask, self.name)  # (B, S)
-        q_feat, k_feat = self.features(group_heads(query, key.shape[2]), key, valid, deterministic)
-        k_feat = mask_keys(k_feat, valid)  # (B, S, K, F)
-        v = value.astype(jnp.float32)  # accumulate in float32 whatever the computation dtype
-        out = kernelized_attention(q_feat, k_feat, v, is_causal=is_causal, chunk_size=self.chunk_size)
-        weights = implied_weights(q_feat, k_feat, is_causal=is_causal) if need_weights else None
-        cast = lambda x: None if x is None else x.astype(query.dtype)
-        return cast(out), cast(weights)
+        state = self.feature_state(deterministic)
+
+        def attend(query, key, value, state):  # (B, T, N, H) ...
+            q_feat, k_feat = self.features(state, group_heads(query, key.shape[2]), key, valid)
+            k_feat = mask_keys(k_feat, valid)  # (B, S, K, F)
+            v = value.astype(jnp.float32)  # accumulate in float32 whatever the computation dtype
+            out = kernelized_attention(q_feat, k_feat, v, is_causal=is_causal, chunk_size=self.chunk_size)
+            return out, q_feat, k_feat
+
+        if need_weights:
+            out, q_feat, k_feat = attend(query, key, value, state)
+            return out.astype(query.dtype), implied_weights(q_feat, k_feat, is_causal=is_causal).astype(query.dtype)
+        # Recompute the [B, T, F] features in the backward pass instead of storing them: they dominate memory.
+        out = jax.checkpoint(lambda *args: attend(*args)[0])(query, key, value, state)
+        return out.astype(query.dtype), None
 
 
 @register("linear")
@@ -170,6 +182,6 @@ class LinearAttention(KernelizedAttention):
       chunk_size: positions per chunk of the causal scan (default 64; 0 = plain prefix sums, O(T F H) memory).
     """
 
-    def features(self, query, key, valid, deterministic):
+    def features(self, state, query, key, valid):
         phi = lambda x: jax.nn.elu(x.astype(jnp.float32)) + 1.0
         return phi(query), phi(key)  # (B, T, K, G, H), (B, S, K, H)

@@ -2,11 +2,13 @@
 
 Each query attends only to keys within a fixed distance, as in the local attention of Image Transformer
 (Parmar et al. 2018) and the sliding window of Longformer (Beltagy et al. 2020, "Longformer: The Long-Document
-Transformer", arXiv:2004.05150). The band is computed blockwise in O(T * window) time and memory: the sequence is
-split into blocks of ``window`` queries, and each block attends to its own block of keys plus its neighbours
-(the previous one when causal; previous and next when two-sided), which covers every key the band can reach; a
-``[window, 3 * window]`` mask then cuts that down to the exact band. No ``[T, T]`` matrix is formed, except when the
-attention matrix is asked for (``need_weights``, meant for analysis at small T).
+Transformer", arXiv:2004.05150). ``window`` is Longformer's w, the span a query sees: two-sided
+``|i - j| <= w // 2``, causal ``i - w < j <= i``. The band is computed blockwise in O(T * w) time and memory: the
+sequence is split into blocks of half a reach (``w / 4`` two-sided, ``w / 2`` causal), and each block attends to its
+own block of keys plus the 2 blocks on each side that its reach touches: about ``1.25 w`` keys per query two-sided
+and ``1.5 w`` causal (whole-window blocks would gather ``1.5 w`` and ``2 w``); a mask then cuts that down to the
+exact band. No ``[T, T]`` matrix is formed, except
+when the attention matrix is asked for (``need_weights``, meant for analysis at small T).
 """
 
 from __future__ import annotations
@@ -20,11 +22,18 @@ from attn_lab.attention.dense import NEG, apply_weights, group_heads
 from attn_lab.attention.registry import AttentionKernel, key_padding, register
 
 
+BLOCKS_PER_REACH = 2  # blocks per side's reach: smaller blocks gather fewer keys outside the band
+
+
+def reach(window: int, is_causal: bool) -> tuple[int, int]:
+    """How far back and forward a query sees: causal ``(w - 1, 0)``, two-sided ``(w // 2, w // 2)``."""
+    return (window - 1, 0) if is_causal else (window // 2, window // 2)
+
+
 def in_band(offset: jax.Array, window: int, is_causal: bool) -> jax.Array:
-    """Whether a key at ``offset = query_pos - key_pos`` is in the window (causal: 0 <= offset < window)."""
-    if is_causal:
-        return (offset >= 0) & (offset < window)
-    return jnp.abs(offset) < window
+    """Whether a key at ``offset = query_pos - key_pos`` is in the window."""
+    back, forward = reach(window, is_causal)
+    return (offset <= back) & (offset >= -forward)
 
 
 def band_softmax(logits: jax.Array, visible: jax.Array, counted: jax.Array) -> jax.Array:
@@ -57,15 +66,15 @@ def local_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, windo
                     key_valid: jax.Array | None = None, precision: Any = None) -> jax.Array:
     """Blockwise sliding-window self-attention, ``[B, T, N, H]`` x ``[B, T, K, H]`` -> ``[B, T, N, H]``.
 
-    Query i sees key j when ``|i - j| < window`` (two-sided: up to ``2 * window - 1`` keys) or, when causal,
-    ``i - window < j <= i`` (up to ``window`` keys, itself included), and ``key_valid[b, j]`` (a ``[B, T]``
-    key-padding vector). Cost O(T * window) in time and memory.
+    Query i sees key j when ``|i - j| <= window // 2`` or, when causal, ``i - window < j <= i`` (``window`` keys,
+    itself included), and ``key_valid[b, j]`` (a ``[B, T]`` key-padding vector). Cost O(T * window).
     """
     b, t, n, h = query.shape
     k = key.shape[2]
-    w = min(window, t)  # block size >= window, so neighbouring blocks cover the band
+    back, forward = reach(window, is_causal)
+    w = min(max(1, -(-max(back, forward) // BLOCKS_PER_REACH)), t)  # block size
     nb = -(-t // w)
-    left, right = int(nb > 1), int(nb > 1 and not is_causal)
+    left, right = min(-(-back // w), nb - 1), min(-(-forward // w), nb - 1)  # neighbour blocks covering the reach
     q = group_heads(query, k) / jnp.sqrt(h).astype(query.dtype)  # (B, T, K, G, H)
     q = jnp.pad(q, [(0, 0), (0, nb * w - t), (0, 0), (0, 0), (0, 0)]).reshape(b, nb, w, k, n // k, h)  # (B,nb,w,K,G,H)
     keys = neighbour_blocks(key, w, nb, left, right)  # (B, nb, C, K, H)
@@ -101,9 +110,9 @@ class LocalAttention(AttentionKernel):
     """Sliding-window self-attention (see the module docstring).
 
     Options:
-      window: band half-width (default 128). Two-sided: query i sees keys with ``|i - j| < window``; causal:
-        ``i - window < j <= i``. ``window >= T`` gives dense attention (a causal query with
-        every visible key padded averages keys j <= i, where dense averages all keys).
+      window: the span w a query sees (default 128; Longformer's w). Two-sided: ``|i - j| <= w // 2``; causal:
+        ``i - w < j <= i``. ``w >= 2 T`` (causal: ``w >= T``) gives dense attention (a causal query with every
+        visible key padded averages keys j <= i, where dense averages all keys).
 
     Self-attention only (query i and key i are the same position), key-padding masks only, no KV-cache decoding
     and no attention dropout. ``need_weights`` returns the dense band matrix and the output computed from it, so
@@ -122,14 +131,12 @@ class LocalAttention(AttentionKernel):
 
     def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
                  deterministic, precision, need_weights):
-        if key.shape[1] != query.shape[1]:
-            raise ValueError(f"attention 'local' is self-attention only: q_len {query.shape[1]} != "
-                             f"kv_len {key.shape[1]}")
-        if dropout_rate > 0.0 and not deterministic:
-            raise ValueError("attention 'local' does not support attention dropout")
+        self.check_call(query, key, dropout_rate, deterministic)
         opts = dict(window=self.window, is_causal=is_causal, key_valid=key_padding(mask, self.name),
                     precision=precision)
         if need_weights:
             weights = band_weights(query, key, **opts)  # (B, N, T, T)
             return apply_weights(weights, value, precision), weights
-        return local_attention(query, key, value, **opts), None
+        # Recompute the [T, ~1.25 w] band in the backward pass instead of storing its logits and weights.
+        band = jax.checkpoint(lambda q, k, v: local_attention(q, k, v, **opts))
+        return band(query, key, value), None

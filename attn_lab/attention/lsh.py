@@ -300,10 +300,7 @@ class LSHAttention(AttentionKernel):
     def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
                  deterministic, precision, need_weights):
         b, t = query.shape[:2]
-        if key.shape[1] != t:
-            raise ValueError(f"attention 'lsh' is self-attention only: q_len {t} != kv_len {key.shape[1]}")
-        if dropout_rate > 0.0 and not deterministic:
-            raise ValueError("attention 'lsh' does not support attention dropout")
+        self.check_call(query, key, dropout_rate, deterministic)
         valid = key_padding(mask, self.name)
         valid = jnp.ones((b, t), bool) if valid is None else valid  # (B, T)
         q, k, v = self.heads(query, key, value)  # (B, N, T, H)

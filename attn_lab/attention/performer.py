@@ -146,10 +146,13 @@ class PerformerAttention(KernelizedAttention):
         self.projection[...] = jax.lax.cond(redraw, lambda: self._draw(calls.astype(jnp.uint32)),
                                             lambda: self.projection[...])
 
-    def features(self, query, key, valid, deterministic):
+    def feature_state(self, deterministic):
         proj = self.projection[...].astype(jnp.float32)  # (F, H): this call's features, before any redraw
         if self.redraw_every and not deterministic:
             self._maybe_redraw()
+        return proj
+
+    def features(self, proj, query, key, valid):
         scale = self.head_dim ** -0.25  # so phi(q).phi(k) estimates exp(q.k / sqrt(H))
         phi = positive_features if self.feature_kind == "positive" else trig_features
         q = query.astype(jnp.float32) * scale  # (B, T, K, G, H)

@@ -45,6 +45,15 @@ class AttentionKernel(nnx.Module):
             if wanted and not ok:
                 raise ValueError(f"attention '{self.name}' does not support {what}")
 
+    def check_call(self, query: jax.Array, key: jax.Array, dropout_rate: float, deterministic: bool) -> None:
+        """Call-time guard for kernels used directly (the module checks these when it is built and called):
+        self-attention-only kernels need q_len == kv_len; kernels without dropout refuse a training dropout."""
+        if not self.supports_cross and key.shape[1] != query.shape[1]:
+            raise ValueError(f"attention '{self.name}' does not support cross-attention "
+                             f"(q_len {query.shape[1]} != kv_len {key.shape[1]})")
+        if not self.supports_dropout and dropout_rate > 0.0 and not deterministic:
+            raise ValueError(f"attention '{self.name}' does not support attention dropout")
+
     def __call__(self, query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array | None,
                  is_causal: bool, dropout_rng: jax.Array | None, dropout_rate: float, broadcast_dropout: bool,
                  deterministic: bool, precision: Any, need_weights: bool

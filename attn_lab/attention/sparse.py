@@ -51,11 +51,7 @@ class _BlockSparseKernel(AttentionKernel):
 
     def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
                  deterministic, precision, need_weights):
-        if key.shape[1] != query.shape[1]:
-            raise ValueError(f"attention '{self.name}' does not support cross-attention "
-                             f"(query length {query.shape[1]} != key length {key.shape[1]})")
-        if dropout_rate > 0.0 and not deterministic:
-            raise ValueError(f"attention '{self.name}' does not support attention dropout")
+        self.check_call(query, key, dropout_rate, deterministic)
         layout = self.layout(query.shape[1], bool(is_causal))
         return block_sparse_attention(query, key, value, layout, key_valid=key_padding(mask, self.name),
                                       precision=precision, need_weights=need_weights)
