@@ -360,7 +360,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kernels", default="all", help="'all' or comma-separated names/labels (e.g. dense/chunked)")
     p.add_argument("--max-gib", type=float, default=16.0, help="memory budget per case (also capped by free RAM)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs after the warm-up (halved at 4096, 1 above)")
-    p.add_argument("--case-seconds", type=float, default=20.0,
+    p.add_argument("--case-seconds", type=float, default=45.0,
                    help="no more timed repeats than fit in this many seconds (warm-up time used if none fit)")
     p.add_argument("--time-budget", type=float, default=840.0,
                    help="seconds for all cases; a case predicted (from its row at a shorter length) not to fit "

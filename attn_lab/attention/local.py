@@ -23,6 +23,7 @@ from attn_lab.attention.registry import AttentionKernel, key_padding, register
 
 
 BLOCKS_PER_REACH = 2  # blocks per side's reach: smaller blocks gather fewer keys outside the band
+GROUPS = 8  # the blocks are processed in this many sequential groups, so only 1/GROUPS of the band is live
 
 
 def reach(window: int, is_causal: bool) -> tuple[int, int]:
@@ -50,18 +51,6 @@ def band_softmax(logits: jax.Array, visible: jax.Array, counted: jax.Array) -> j
     return p / jnp.where(total > 0.0, total, 1.0)
 
 
-def neighbour_blocks(x: jax.Array, block: int, num_blocks: int, left: int, right: int) -> jax.Array:
-    """``[B, T, ...] -> [B, num_blocks, (left + 1 + right) * block, ...]``: each block with its neighbours.
-
-    Out-of-range positions are zero (False) padding. The concatenation runs over at most 3 static offsets.
-    """
-    b, t = x.shape[:2]
-    pad_back = (num_blocks + right) * block - t
-    x = jnp.pad(x, [(0, 0), (left * block, pad_back)] + [(0, 0)] * (x.ndim - 2))
-    x = x.reshape(b, num_blocks + left + right, block, *x.shape[2:])  # (B, nb + left + right, w, ...)
-    return jnp.concatenate([x[:, o:o + num_blocks] for o in range(left + 1 + right)], axis=2)  # (B, nb, C, ...)
-
-
 def local_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, window: int, is_causal: bool = False,
                     key_valid: jax.Array | None = None, precision: Any = None) -> jax.Array:
     """Blockwise sliding-window self-attention, ``[B, T, N, H]`` x ``[B, T, K, H]`` -> ``[B, T, N, H]``.
@@ -75,22 +64,44 @@ def local_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, windo
     w = min(max(1, -(-max(back, forward) // BLOCKS_PER_REACH)), t)  # block size
     nb = -(-t // w)
     left, right = min(-(-back // w), nb - 1), min(-(-forward // w), nb - 1)  # neighbour blocks covering the reach
+    per_group = -(-nb // GROUPS)
+    groups = -(-nb // per_group)
+    nbp = groups * per_group  # blocks, padded to whole groups
     q = group_heads(query, k) / jnp.sqrt(h).astype(query.dtype)  # (B, T, K, G, H)
-    q = jnp.pad(q, [(0, 0), (0, nb * w - t), (0, 0), (0, 0), (0, 0)]).reshape(b, nb, w, k, n // k, h)  # (B,nb,w,K,G,H)
-    keys = neighbour_blocks(key, w, nb, left, right)  # (B, nb, C, K, H)
-    values = neighbour_blocks(value, w, nb, left, right)  # (B, nb, C, K, H)
+    q = jnp.pad(q, [(0, 0), (0, nbp * w - t), (0, 0), (0, 0), (0, 0)])
+    q = jnp.moveaxis(q.reshape(b, groups, per_group, w, k, n // k, h), 1, 0)  # (groups, B, per_group, w, K, G, H)
+    pad = [(0, 0), (left * w, (nbp + right) * w - t)]
+    keys = jnp.pad(key, pad + [(0, 0), (0, 0)])  # (B, (nbp + left + right) w, K, H)
+    values = jnp.pad(value, pad + [(0, 0), (0, 0)])  # (B, (nbp + left + right) w, K, H)
     valid = jnp.ones((b, t), bool) if key_valid is None else key_valid.astype(bool)  # (B, T)
-    visible = neighbour_blocks(valid, w, nb, left, right)[:, None, None, :, None, :]  # (B, 1, 1, nb, 1, C)
-    q_pos = jnp.arange(nb)[:, None] * w + jnp.arange(w)[None, :]  # (nb, w)
-    k_pos = (jnp.arange(nb)[:, None] - left) * w + jnp.arange(keys.shape[2])[None, :]  # (nb, C)
-    counted = in_band(q_pos[:, :, None] - k_pos[:, None, :], window, is_causal)  # (nb, w, C)
-    counted &= ((k_pos >= 0) & (k_pos < t))[:, None, :]  # (nb, w, C)
-    logits = jnp.einsum("bnqkgh,bnckh->bkgnqc", q, keys, precision=precision,
-                        preferred_element_type=jnp.float32)  # (B, K, G, nb, w, C)
-    weights = band_softmax(logits, visible, counted)  # (B, K, G, nb, w, C)
-    out = jnp.einsum("bkgnqc,bnckh->bnqkgh", weights.astype(value.dtype), values,
-                     precision=precision)  # (B, nb, w, K, G, H)
-    return out.reshape(b, nb * w, n, h)[:, :t]  # (B, T, N, H)
+    valid = jnp.pad(valid, pad)  # (B, (nbp + left + right) w); False outside the sequence
+    span = (left + 1 + right) * w  # C: keys gathered per query block
+    q_pos = jnp.arange(nbp)[:, None] * w + jnp.arange(w)[None, :]  # (nbp, w)
+    k_pos = (jnp.arange(nbp)[:, None] - left) * w + jnp.arange(span)[None, :]  # (nbp, C)
+    counted = in_band(q_pos[:, :, None] - k_pos[:, None, :], window, is_causal)  # (nbp, w, C)
+    counted &= ((k_pos >= 0) & (k_pos < t))[:, None, :]  # (nbp, w, C)
+    counted = counted.reshape(groups, per_group, w, span)  # (groups, per_group, w, C)
+
+    def neighbours(x, i):
+        """One group's blocks with their neighbours: ``[B, per_group, C, ...]`` from one contiguous slice."""
+        x = jax.lax.dynamic_slice_in_dim(x, i * per_group * w, (per_group + left + right) * w, axis=1)
+        x = x.reshape(b, per_group + left + right, w, *x.shape[2:])  # (B, per_group + left + right, w, ...)
+        return jnp.concatenate([x[:, o:o + per_group] for o in range(left + 1 + right)], axis=2)  # (B, pg, C, ..)
+
+    @jax.checkpoint  # the backward pass recomputes each group's band instead of storing all of them
+    def one_group(xs):
+        i, qg, cnt = xs  # (), (B, per_group, w, K, G, H), (per_group, w, C)
+        kg, vg = neighbours(keys, i), neighbours(values, i)  # (B, per_group, C, K, H)
+        vis = neighbours(valid, i)[:, None, None, :, None, :]  # (B, 1, 1, per_group, 1, C)
+        logits = jnp.einsum("bnqkgh,bnckh->bkgnqc", qg, kg, precision=precision,
+                            preferred_element_type=jnp.float32)  # (B, K, G, per_group, w, C)
+        weights = band_softmax(logits, vis, cnt)  # (B, K, G, per_group, w, C)
+        return jnp.einsum("bkgnqc,bnckh->bnqkgh", weights.astype(vg.dtype), vg,
+                          precision=precision)  # (B, per_group, w, K, G, H)
+
+    # GROUPS sequential steps: only one group's band (1 / GROUPS of it) is live at a time, forward and backward
+    out = jax.lax.map(one_group, (jnp.arange(groups), q, counted))  # (groups, B, per_group, w, K, G, H)
+    return jnp.moveaxis(out, 0, 1).reshape(b, nbp * w, n, h)[:, :t]  # (B, T, N, H)
 
 
 def band_weights(query: jax.Array, key: jax.Array, *, window: int, is_causal: bool = False,
@@ -137,6 +148,4 @@ class LocalAttention(AttentionKernel):
         if need_weights:
             weights = band_weights(query, key, **opts)  # (B, N, T, T)
             return apply_weights(weights, value, precision), weights
-        # Recompute the [T, ~1.25 w] band in the backward pass instead of storing its logits and weights.
-        band = jax.checkpoint(lambda q, k, v: local_attention(q, k, v, **opts))
-        return band(query, key, value), None
+        return local_attention(query, key, value, **opts), None
