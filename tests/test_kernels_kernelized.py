@@ -151,7 +151,9 @@ def test_performer_causal_equals_masked_quadratic_reference(features):
     mask = _padding(t)
     kernel = _kernel("performer", num_features=32, features=features, chunk_size=4)
     out, w = _attend(kernel, q, k, v, mask, is_causal=True, need_weights=True)
-    q_feat, k_feat = kernel.features(kernel.feature_state(True), q.reshape(B, t, K, N // K, H), k, mask[:, 0, 0])
+    proj, valid = kernel.feature_state(True), mask[:, 0, 0]
+    q_feat = kernel.query_features(proj, q.reshape(B, t, K, N // K, H))
+    k_feat = kernel.key_features(proj, k, valid, kernel.key_offset(proj, k, valid))
     ref = _reference(q_feat.reshape(B, t, N, -1), k_feat, v, mask, is_causal=True)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(apply_weights(w, v), out, rtol=1e-4, atol=1e-5)

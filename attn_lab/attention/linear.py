@@ -5,17 +5,18 @@ Softmax similarity ``exp(q.k)`` is replaced by a kernel ``phi(q).phi(k)`` with t
 ``phi(x) = elu(x) + 1`` (positive, so every normalizer is positive). Associativity then gives
 
 - bidirectional: ``out_i = phi(q_i) (sum_j phi(k_j) v_j^T) / (phi(q_i) . sum_j phi(k_j))`` -- O(T) in length;
-- causal: the same sums taken over the prefix ``j <= i``, computed by a scan over chunks of ``chunk_size``
-  positions that carries the ``[F, H]`` state and inside a chunk uses the masked quadratic form, so memory is
-  ``O(T / chunk * F * H)`` instead of the ``O(T * F * H)`` of plain prefix sums (``chunk_size=0``).
+- causal: the same sums taken over the prefix ``j <= i``.
 
-The feature-space routines here (:func:`kernelized_attention`, :func:`implied_weights`, :func:`causal_prefix`)
-take any feature maps, so other kernelized variants (``performer.py``) share them rather than copy them.
+Both are computed chunk by chunk (``chunk_size`` positions): a scan over key chunks (causal: one scan carrying the
+``[F, H]`` state, with the masked quadratic form inside a chunk) that computes the features inside its
+rematerialized body, so memory is O(chunk * F) per step instead of the O(T * F) of whole-sequence features
+(``chunk_size=0``). The routines here take any feature maps, so other kernelized variants (``performer.py``) share
+them rather than copy them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -55,42 +56,72 @@ def _prefix_cumsum(q_feat: jax.Array, k_feat: jax.Array, value: jax.Array):
     return jnp.einsum("btkgf,btkfh->btkgh", q_feat, kv), jnp.einsum("btkgf,btkf->btkg", q_feat, z)
 
 
-def _prefix_chunked(q_feat: jax.Array, k_feat: jax.Array, value: jax.Array, chunk: int):
-    """Causal sums by ``lax.scan`` over chunks carrying ``(sum phi(k) v^T [B,K,F,H], sum phi(k) [B,K,F])``; only
-    one state per chunk is kept for the backward pass."""
-    b, t, k, g, f = q_feat.shape
-    pad = -t % chunk
-    if pad:  # padded keys have zero features and padded queries are cut off below: no effect on real positions
-        q_feat, k_feat, value = (jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-                                 for x in (q_feat, k_feat, value))
-    n = (t + pad) // chunk
-    split = lambda x: jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)  # (n, B, C, ...)
+def _chunks(x: jax.Array, chunk: int) -> jax.Array:
+    """``[B, T, ...] -> [T / chunk, B, chunk, ...]`` (T padded with zeros to a multiple of ``chunk``)."""
+    b, t = x.shape[:2]
+    x = jnp.pad(x, [(0, 0), (0, -t % chunk)] + [(0, 0)] * (x.ndim - 2))
+    return jnp.moveaxis(x.reshape(b, -1, chunk, *x.shape[2:]), 1, 0)
 
+
+def _unchunk(x: jax.Array, t: int) -> jax.Array:
+    """Inverse of :func:`_chunks`: ``[n, B, chunk, ...] -> [B, T, ...]``."""
+    return jnp.moveaxis(x, 0, 1).reshape(x.shape[1], -1, *x.shape[3:])[:, :t]
+
+
+def _sums_init(k_fn: Callable, key: jax.Array, valid: jax.Array, value: jax.Array):
+    """Zero ``(sum phi(k) v^T [B, K, F, H], sum phi(k) [B, K, F])``, F read off the feature map's shape."""
+    f = jax.eval_shape(lambda: k_fn(key[:, :1], valid[:, :1])).shape[-1]
+    b, k, h = value.shape[0], value.shape[2], value.shape[-1]
+    return jnp.zeros((b, k, f, h), jnp.float32), jnp.zeros((b, k, f), jnp.float32)
+
+
+def bidirectional_chunked(q_fn: Callable, k_fn: Callable, query, key, value, valid, chunk: int,
+                          eps: float = EPS) -> jax.Array:
+    """Normalized bidirectional output, features computed chunk by chunk (never ``[T, F]`` at once).
+
+    A ``lax.scan`` over key chunks sums ``phi(k) v^T`` and ``phi(k)``; a ``lax.map`` over query chunks applies
+    them. Both bodies are rematerialized, so the backward pass holds one chunk's features at a time.
+    """
+    @jax.checkpoint
+    def add_keys(carry, xs):
+        kc, vc, valc = xs  # (B, C, K, H), (B, C, K, H), (B, C)
+        kf = mask_keys(k_fn(kc, valc), valc)  # (B, C, K, F)
+        return (carry[0] + jnp.einsum("bckf,bckh->bkfh", kf, vc), carry[1] + kf.sum(1)), None
+
+    xs = (_chunks(key, chunk), _chunks(value, chunk), _chunks(valid, chunk))
+    (kv, z), _ = jax.lax.scan(add_keys, _sums_init(k_fn, key, valid, value), xs)
+
+    @jax.checkpoint
+    def apply(qc):  # (B, C, K, G, H)
+        qf = q_fn(qc)  # (B, C, K, G, F)
+        num = jnp.einsum("bckgf,bkfh->bckgh", qf, kv)  # (B, C, K, G, H)
+        return num / safe_normalizer(jnp.einsum("bckgf,bkf->bckg", qf, z), eps)[..., None]
+
+    return _unchunk(jax.lax.map(apply, _chunks(query, chunk)), query.shape[1])  # (B, T, K, G, H)
+
+
+def causal_chunked(q_fn: Callable, k_fn: Callable, query, key, value, valid, chunk: int,
+                   eps: float = EPS) -> jax.Array:
+    """Normalized causal output by a ``lax.scan`` over chunks carrying ``(sum phi(k) v^T, sum phi(k))``; inside a
+    chunk the masked quadratic form. Features are computed per chunk and rematerialized in the backward pass."""
+    @jax.checkpoint
     def step(carry, xs):
         kv, z = carry  # (B, K, F, H), (B, K, F)
-        qc, kc, vc = xs  # (B, C, K, G, F), (B, C, K, F), (B, C, K, H)
-        num, den = _quadratic(qc, kc, vc, causal=True)
-        num = num + jnp.einsum("bckgf,bkfh->bckgh", qc, kv)  # (B, C, K, G, H)
-        den = den + jnp.einsum("bckgf,bkf->bckg", qc, z)  # (B, C, K, G)
-        carry = (kv + jnp.einsum("bckf,bckh->bkfh", kc, vc), z + kc.sum(1))
-        return carry, (num, den)
+        qc, kc, vc, valc = xs  # (B, C, K, G, H), (B, C, K, H), (B, C, K, H), (B, C)
+        qf, kf = q_fn(qc), mask_keys(k_fn(kc, valc), valc)  # (B, C, K, G, F), (B, C, K, F)
+        num, den = _quadratic(qf, kf, vc, causal=True)
+        num = num + jnp.einsum("bckgf,bkfh->bckgh", qf, kv)  # (B, C, K, G, H)
+        den = den + jnp.einsum("bckgf,bkf->bckg", qf, z)  # (B, C, K, G)
+        carry = (kv + jnp.einsum("bckf,bckh->bkfh", kf, vc), z + kf.sum(1))
+        return carry, num / safe_normalizer(den, eps)[..., None]
 
-    init = (jnp.zeros((b, k, f, value.shape[-1]), q_feat.dtype), jnp.zeros((b, k, f), q_feat.dtype))
-    _, (num, den) = jax.lax.scan(step, init, (split(q_feat), split(k_feat), split(value)))
-    merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * chunk, *x.shape[3:])[:, :t]
-    return merge(num), merge(den)  # (B, T, K, G, H), (B, T, K, G)
-
-
-def causal_prefix(q_feat: jax.Array, k_feat: jax.Array, value: jax.Array, chunk_size: int):
-    """Unnormalized causal ``(num, den)``; ``chunk_size=0`` uses plain prefix sums, else the chunked scan."""
-    if chunk_size <= 0:
-        return _prefix_cumsum(q_feat, k_feat, value)
-    return _prefix_chunked(q_feat, k_feat, value, min(chunk_size, q_feat.shape[1]))
+    xs = (_chunks(query, chunk), _chunks(key, chunk), _chunks(value, chunk), _chunks(valid, chunk))
+    return _unchunk(jax.lax.scan(step, _sums_init(k_fn, key, valid, value), xs)[1], query.shape[1])
 
 
 def kernelized_attention(q_feat: jax.Array, k_feat: jax.Array, value: jax.Array, *, is_causal: bool,
-                         chunk_size: int, eps: float = EPS) -> jax.Array:
-    """``phi(Q) phi(K)^T V`` normalized per row, never forming ``[T, S]``.
+                         eps: float = EPS) -> jax.Array:
+    """``phi(Q) phi(K)^T V`` normalized per row from whole feature arrays (the unchunked path, ``chunk_size=0``).
 
     Args:
       q_feat: ``[B, T, K, G, F]`` query features (grouped: G query heads per key/value head).
@@ -98,24 +129,25 @@ def kernelized_attention(q_feat: jax.Array, k_feat: jax.Array, value: jax.Array,
       value: ``[B, S, K, H]``.
 
     Returns:
-      ``[B, T, K * G, H]``.
+      ``[B, T, K, G, H]``.
     """
     if is_causal:
-        if q_feat.shape[1] != k_feat.shape[1]:  # top-left alignment: query i sees keys j <= i
-            s = k_feat.shape[1]
-            if s < q_feat.shape[1]:
-                pad = [(0, 0), (0, q_feat.shape[1] - s), (0, 0), (0, 0)]
-                k_feat, value = jnp.pad(k_feat, pad), jnp.pad(value, pad)
-            else:
-                k_feat, value = k_feat[:, :q_feat.shape[1]], value[:, :q_feat.shape[1]]
-        num, den = causal_prefix(q_feat, k_feat, value, chunk_size)
+        num, den = _prefix_cumsum(q_feat, k_feat, value)
     else:
         kv = jnp.einsum("bskf,bskh->bkfh", k_feat, value)  # (B, K, F, H)
         num = jnp.einsum("btkgf,bkfh->btkgh", q_feat, kv)  # (B, T, K, G, H)
         den = jnp.einsum("btkgf,bkf->btkg", q_feat, k_feat.sum(1))  # (B, T, K, G)
-    out = num / safe_normalizer(den, eps)[..., None]  # (B, T, K, G, H)
-    b, t, k, g, h = out.shape
-    return out.reshape(b, t, k * g, h)
+    return num / safe_normalizer(den, eps)[..., None]  # (B, T, K, G, H)
+
+
+def align_causal(key: jax.Array, value: jax.Array, valid: jax.Array, t: int):
+    """Top-left causal alignment when ``q_len != kv_len``: query i sees keys j <= i, so keys past T never count
+    and missing ones are padding."""
+    s = key.shape[1]
+    if s >= t:
+        return key[:, :t], value[:, :t], valid[:, :t]
+    pad = lambda x: jnp.pad(x, [(0, 0), (0, t - s)] + [(0, 0)] * (x.ndim - 2))
+    return pad(key), pad(value), pad(valid)
 
 
 def implied_weights(q_feat: jax.Array, k_feat: jax.Array, *, is_causal: bool, eps: float = EPS) -> jax.Array:
@@ -130,7 +162,8 @@ def implied_weights(q_feat: jax.Array, k_feat: jax.Array, *, is_causal: bool, ep
 
 
 class KernelizedAttention(AttentionKernel):
-    """Shared call of kernelized kernels: subclasses only define :meth:`features`.
+    """Shared call of kernelized kernels: subclasses define their feature maps (pure functions of a per-call
+    ``feature_state`` and, for keys, a ``key_offset`` -- a constant over all keys such as a stabilizing max).
 
     ``need_weights=True`` returns the implied matrix ``[B, N, T, S]`` of :func:`implied_weights` (quadratic; for
     analysis only), such that ``out == dense.apply_weights(weights, value)``. No attention dropout: the fast path
@@ -139,39 +172,50 @@ class KernelizedAttention(AttentionKernel):
 
     supports_dropout = False
 
-    def __init__(self, *, chunk_size: int = 64, **shared: Any):
+    def __init__(self, *, chunk_size: int = 256, **shared: Any):
         super().__init__(**shared)
         if chunk_size < 0:
-            raise ValueError(f"attention.chunk_size must be >= 0 (0 = unchunked prefix sums), got {chunk_size}")
+            raise ValueError(f"attention.chunk_size must be >= 0 (0 = unchunked), got {chunk_size}")
         self.chunk_size = chunk_size
 
     def feature_state(self, deterministic: bool) -> Any:
-        """Arrays the feature map needs this call (e.g. a random projection); stateful updates happen here."""
+        """Arrays the feature maps need this call (e.g. a random projection); stateful updates happen here."""
         return None
 
-    def features(self, state: Any, query: jax.Array, key: jax.Array, valid: jax.Array | None
-                 ) -> tuple[jax.Array, jax.Array]:
-        """Pure: ``(q_feat [B, T, K, G, F], k_feat [B, S, K, F])`` in float32; padded keys may be left non-zero."""
+    def key_offset(self, state: Any, key: jax.Array, valid: jax.Array) -> Any:
+        """A constant shared by all key features (computed once over all keys, no gradient); None by default."""
+        return None
+
+    def query_features(self, state: Any, query: jax.Array) -> jax.Array:
+        """``[B, T, K, G, H] -> [B, T, K, G, F]`` float32; row-local, so it can be applied chunk by chunk."""
+        raise NotImplementedError
+
+    def key_features(self, state: Any, key: jax.Array, valid: jax.Array, offset: Any) -> jax.Array:
+        """``[B, S, K, H] -> [B, S, K, F]`` float32; padded keys may be left non-zero (they are zeroed after)."""
         raise NotImplementedError
 
     def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
                  deterministic, precision, need_weights):
-        valid = key_padding(mask, self.name)  # (B, S)
+        pad = key_padding(mask, self.name)  # (B, S) or None
+        valid = jnp.ones(key.shape[:2], bool) if pad is None else pad  # (B, S)
         state = self.feature_state(deterministic)
-
-        def attend(query, key, value, state):  # (B, T, N, H) ...
-            q_feat, k_feat = self.features(state, group_heads(query, key.shape[2]), key, valid)
-            k_feat = mask_keys(k_feat, valid)  # (B, S, K, F)
-            v = value.astype(jnp.float32)  # accumulate in float32 whatever the computation dtype
-            out = kernelized_attention(q_feat, k_feat, v, is_causal=is_causal, chunk_size=self.chunk_size)
-            return out, q_feat, k_feat
-
-        if need_weights:
-            out, q_feat, k_feat = attend(query, key, value, state)
-            return out.astype(query.dtype), implied_weights(q_feat, k_feat, is_causal=is_causal).astype(query.dtype)
-        # Recompute the [B, T, F] features in the backward pass instead of storing them: they dominate memory.
-        out = jax.checkpoint(lambda *args: attend(*args)[0])(query, key, value, state)
-        return out.astype(query.dtype), None
+        offset = self.key_offset(state, key, valid)
+        query, value = group_heads(query, key.shape[2]), value.astype(jnp.float32)  # (B, T, K, G, H), (B, S, K, H)
+        if is_causal:
+            key, value, valid = align_causal(key, value, valid, query.shape[1])
+        q_fn = lambda q: self.query_features(state, q)
+        k_fn = lambda k, val: self.key_features(state, k, val, offset)
+        if need_weights or self.chunk_size == 0:
+            q_feat, k_feat = q_fn(query), mask_keys(k_fn(key, valid), valid)
+            out = kernelized_attention(q_feat, k_feat, value, is_causal=is_causal)
+            weights = implied_weights(q_feat, k_feat, is_causal=is_causal) if need_weights else None
+        else:
+            chunk = min(self.chunk_size, query.shape[1], key.shape[1])
+            attend = causal_chunked if is_causal else bidirectional_chunked
+            out, weights = attend(q_fn, k_fn, query, key, value, valid, chunk), None
+        b, t, k, g, h = out.shape
+        out = out.reshape(b, t, k * g, h).astype(query.dtype)  # (B, T, N, H)
+        return out, None if weights is None else weights.astype(query.dtype)
 
 
 @register("linear")
@@ -179,9 +223,13 @@ class LinearAttention(KernelizedAttention):
     """Linear attention with ``phi(x) = elu(x) + 1`` (Katharopoulos et al. 2020).
 
     Options:
-      chunk_size: positions per chunk of the causal scan (default 64; 0 = plain prefix sums, O(T F H) memory).
+      chunk_size: positions per chunk (default 256): features are computed chunk by chunk (bidirectional: a scan
+        over key chunks, then query chunks; causal: one scan with the masked quadratic form inside a chunk), so
+        memory is O(chunk * F) per step; 0 = whole-sequence features and plain prefix sums.
     """
 
-    def features(self, state, query, key, valid):
-        phi = lambda x: jax.nn.elu(x.astype(jnp.float32)) + 1.0
-        return phi(query), phi(key)  # (B, T, K, G, H), (B, S, K, H)
+    def query_features(self, state, query):
+        return jax.nn.elu(query.astype(jnp.float32)) + 1.0  # (B, T, K, G, H)
+
+    def key_features(self, state, key, valid, offset):
+        return jax.nn.elu(key.astype(jnp.float32)) + 1.0  # (B, S, K, H)

@@ -72,33 +72,42 @@ def draw_projection(seed: jax.Array, index: jax.Array, num_features: int, dim: i
     return gaussian_projection(rng, num_features, dim, orthogonal)
 
 
-def _key_max(x: jax.Array, valid: jax.Array | None, axes: tuple[int, ...]) -> jax.Array:
+def _key_max(x: jax.Array, valid: jax.Array, axes: tuple[int, ...]) -> jax.Array:
     """Max of ``x [B, S, K, ...]`` over ``axes`` ignoring padded keys; 0 where every key is padded."""
-    if valid is not None:
-        x = jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 2)), x, -jnp.inf)
+    x = jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 2)), x, -jnp.inf)
     m = jnp.max(x, axis=axes, keepdims=True)
     return jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
 
 
-def positive_features(x: jax.Array, proj: jax.Array, is_query: bool, valid: jax.Array | None) -> jax.Array:
-    """``exp(W x - |x|^2/2 - max) / sqrt(F)``; ``x`` is ``[B, T, K, G, H]`` (query) or ``[B, S, K, H]`` (key)."""
-    logits = jnp.einsum("...h,fh->...f", x, proj)  # (..., F)
-    diag = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)  # (..., 1)
-    if is_query:  # per query row
-        stab = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    else:  # over the keys and features of each batch element and key/value head
-        stab = _key_max(logits, valid, axes=(1, 3))  # (B, 1, K, 1)
+def _project(x: jax.Array, proj: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(W x [..., F], |x|^2 / 2 [..., 1])``."""
+    return jnp.einsum("...h,fh->...f", x, proj), 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+
+
+def positive_offset(k: jax.Array, proj: jax.Array, valid: jax.Array) -> jax.Array:
+    """The keys' stabilizer: max of ``W k`` over the (unpadded) keys and features, per batch and kv head."""
+    return _key_max(_project(k, proj)[0], valid, axes=(1, 3))  # (B, 1, K, 1)
+
+
+def trig_offset(k: jax.Array, proj: jax.Array, valid: jax.Array) -> jax.Array:
+    """The keys' stabilizer for trigonometric features: max of ``|k|^2 / 2`` over the (unpadded) keys."""
+    return _key_max(_project(k, proj)[1], valid, axes=(1, 3))  # (B, 1, K, 1)
+
+
+def positive_features(x: jax.Array, proj: jax.Array, offset: jax.Array | None = None) -> jax.Array:
+    """``exp(W x - |x|^2/2 - stab) / sqrt(F)``; stab is the row max for queries (``offset=None``) or the keys'
+    shared ``offset``. ``x`` is ``[B, T, K, G, H]`` (query) or ``[B, S, K, H]`` (key)."""
+    logits, diag = _project(x, proj)  # (..., F), (..., 1)
+    stab = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)) if offset is None else offset
     return jnp.exp(logits - diag - stab) / jnp.sqrt(proj.shape[0])
 
 
-def trig_features(x: jax.Array, proj: jax.Array, is_query: bool, valid: jax.Array | None) -> jax.Array:
-    """``exp(|x|^2/2 - max) [sin(W x), cos(W x)] / sqrt(F)``; for queries the factor is a row constant (dropped)."""
-    logits = jnp.einsum("...h,fh->...f", x, proj)  # (..., F)
+def trig_features(x: jax.Array, proj: jax.Array, offset: jax.Array | None = None) -> jax.Array:
+    """``exp(|x|^2/2 - offset) [sin(W x), cos(W x)] / sqrt(F)`` for keys; for queries (``offset=None``) the
+    ``exp(|q|^2/2)`` factor is a row constant and is dropped."""
+    logits, diag = _project(x, proj)  # (..., F), (..., 1)
     trig = jnp.concatenate([jnp.sin(logits), jnp.cos(logits)], axis=-1) / jnp.sqrt(proj.shape[0])  # (..., 2F)
-    if is_query:
-        return trig
-    diag = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)  # (B, S, K, 1)
-    return jnp.exp(diag - _key_max(diag, valid, axes=(1, 3))) * trig
+    return trig if offset is None else jnp.exp(diag - offset) * trig
 
 
 @register("performer")
@@ -111,13 +120,14 @@ class PerformerAttention(KernelizedAttention):
       orthogonal: block-orthogonal projection rows (default True) or iid Gaussian.
       redraw_every: 0 (default) keeps the projection drawn at init; N > 0 redraws it after every N training
         (``deterministic=False``) calls, from ``fold_in(seed, calls)``; deterministic calls neither count nor redraw.
-      chunk_size: positions per chunk of the causal scan (default 64; 0 = plain prefix sums).
+      chunk_size: positions per chunk (default 256): features are computed and applied chunk by chunk, so
+        memory is O(chunk * F) per step, not O(T * F); 0 = whole-sequence features.
 
     ``need_weights=True`` returns the implied (estimated, normalized) matrix; see ``linear.implied_weights``.
     """
 
     def __init__(self, *, num_features: int = 256, features: str = "positive", orthogonal: bool = True,
-                 redraw_every: int = 0, chunk_size: int = 64, rngs: nnx.Rngs | None = None, **shared: Any):
+                 redraw_every: int = 0, chunk_size: int = 256, rngs: nnx.Rngs | None = None, **shared: Any):
         super().__init__(chunk_size=chunk_size, rngs=rngs, **shared)
         if features not in FEATURES:
             raise ValueError(f"attention.features must be one of {FEATURES}, got '{features}'")
@@ -152,9 +162,17 @@ class PerformerAttention(KernelizedAttention):
             self._maybe_redraw()
         return proj
 
-    def features(self, proj, query, key, valid):
-        scale = self.head_dim ** -0.25  # so phi(q).phi(k) estimates exp(q.k / sqrt(H))
+    def _scaled(self, x: jax.Array) -> jax.Array:
+        return x.astype(jnp.float32) * self.head_dim ** -0.25  # so phi(q).phi(k) estimates exp(q.k / sqrt(H))
+
+    def key_offset(self, proj, key, valid):
+        offset = positive_offset if self.feature_kind == "positive" else trig_offset
+        return offset(self._scaled(key), proj, valid)  # (B, 1, K, 1)
+
+    def query_features(self, proj, query):
         phi = positive_features if self.feature_kind == "positive" else trig_features
-        q = query.astype(jnp.float32) * scale  # (B, T, K, G, H)
-        k = key.astype(jnp.float32) * scale  # (B, S, K, H)
-        return phi(q, proj, True, None), phi(k, proj, False, valid)
+        return phi(self._scaled(query), proj)  # (B, T, K, G, F)
+
+    def key_features(self, proj, key, valid, offset):
+        phi = positive_features if self.feature_kind == "positive" else trig_features
+        return phi(self._scaled(key), proj, offset)  # (B, S, K, F)
