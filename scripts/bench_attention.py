@@ -329,16 +329,17 @@ def write_png(cases: list[Case], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for label in dict.fromkeys(c.label for c in cases):
+    for i, label in enumerate(dict.fromkeys(c.label for c in cases)):
         rows = [c for c in cases if c.label == label and ran(c)]
         if not rows:
             continue
-        style = "--" if label in (REF, FLAX) else "-"
+        style = dict(linestyle="--" if label in (REF, FLAX) else "-", marker="os^vD"[i % 5],
+                     color=plt.cm.tab20(i % 20), label=label)  # 12+ lines: distinct colour and marker each
         xs = [c.length for c in rows]
-        ax_t.plot(xs, [c.seconds for c in rows], style, marker="o", label=label)
+        ax_t.plot(xs, [c.seconds for c in rows], **style)
         mem = [(c.length, c.memory["temp"] / 2**20) for c in rows if c.memory.get("temp")]
         if mem:
-            ax_m.plot(*zip(*mem), style, marker="o", label=label)
+            ax_m.plot(*zip(*mem), **style)
     for ax, ylabel in ((ax_t, "fwd+bwd seconds (median)"), (ax_m, "compiled temp memory (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -349,6 +350,16 @@ def write_png(cases: list[Case], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def read_csv(path: Path) -> list[Case]:
+    """Cases back from a CSV this script wrote (to redraw the plot or table without rerunning)."""
+    with open(path) as f:
+        return [Case(label=r["label"], kernel=r["kernel"], options=json.loads(r["options"]), length=int(r["length"]),
+                     seconds=float(r["fwd_bwd_seconds"]) if r["fwd_bwd_seconds"] else None,
+                     repeats=int(r["repeats"] or 0), status=r["status"],
+                     memory={k: int(r[f"{k}_bytes"]) for k in ("temp", "argument", "output", "total")
+                             if r.get(f"{k}_bytes")}) for r in csv.DictReader(f)]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
