@@ -92,3 +92,18 @@ def test_param_count_and_head_dim():
     wide = build_model(_cfg(head_dim=16), kind="translation", vocab_size=V, max_len=L)
     assert wide.encoder.blocks[0].self_attn.query.kernel.shape == (32, 4, 16)
     assert count_params(base) == sum(x.size for x in jax.tree.leaves(nnx.state(base, nnx.Param)))
+
+
+def test_greedy_decoding_with_and_without_cache_agree():
+    """Kernels without a KV-cache mode decode by re-running the prefix; both give the same tokens."""
+    from attn_lab.train.decode import compile_decode
+    from attn_lab.train.steps import model_state
+
+    m = build_model(_cfg(), kind="translation", vocab_size=V, max_len=L)
+    graphdef, params, _ = nnx.split(m, nnx.Param, ...)
+    state = {"params": nnx.to_pure_dict(params), "model_state": model_state(m)}
+    inputs = _tokens(0, (3, 9), pad_from=5)
+    cached = compile_decode(graphdef, 8, cached=True)(state, inputs)
+    uncached = compile_decode(graphdef, 8, cached=False)(state, inputs)
+    np.testing.assert_array_equal(cached, uncached)
+    assert cached.shape == (3, 8) and (cached[:, 0] != 0).all()

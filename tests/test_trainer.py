@@ -161,3 +161,12 @@ def test_listops_trains_with_every_kernel(tmp_path, data_dir, name):
     results = train_and_evaluate(c, str(tmp_path))
     assert results["config"]["model"]["attention"]["name"] == name
     assert np.isfinite(results["final"]["test"]["loss"])
+
+
+def test_translation_with_a_kernel_that_cannot_decode_from_a_cache(tmp_path, data_dir):
+    """Local attention in encoder and decoder (exact cross-attention): trains, and BLEU comes from uncached decoding."""
+    c = tiny_numbers(data_dir, num_steps=2, eval_every=2, checkpoint_every=2)
+    c.model.attention.name, c.model.kinds.cross.attention = "local", "dense"
+    c.model.attention.local.window = 8
+    results = train_and_evaluate(c, str(tmp_path))
+    assert "bleu" in results["final"]["test"] and np.isfinite(results["final"]["test"]["loss"])

@@ -107,7 +107,6 @@ def _check_model(m: Any, task_kind: str) -> None:
             raise ValueError(f"model.attention.{name}: {e}") from None
         for wanted, ok, what in ((kind in causal_kinds, kernel.supports_causal, "causal attention"),
                                  (kind == "cross", kernel.supports_cross, "cross-attention"),
-                                 (kind == "decoder_self", kernel.supports_decode, "KV-cache decoding"),
                                  (m.attention_dropout > 0, kernel.supports_dropout, "model.attention_dropout > 0")):
             if wanted and not ok:
                 raise ValueError(f"attention '{name}' does not support {what} (used by {kind})")

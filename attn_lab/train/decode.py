@@ -1,4 +1,5 @@
-"""Greedy decoding through the decoder's preallocated KV cache (one token per step, one compiled loop)."""
+"""Greedy decoding: through the decoder's preallocated KV cache (one token per step, one compiled loop), or -- for
+decoder kernels with no cached mode (local, sparse, lsh) -- by re-running the causal decoder over the prefix."""
 
 from __future__ import annotations
 
@@ -41,6 +42,31 @@ def greedy_decode(state: dict, inputs: jax.Array, *, graphdef: Any, max_len: int
     return jax.lax.while_loop(cond, body, start)[3]
 
 
-def compile_decode(graphdef: Any, max_len: int):
-    """The jitted greedy decoder for one model graph."""
-    return jax.jit(functools.partial(greedy_decode, graphdef=graphdef, max_len=max_len))
+def greedy_decode_uncached(state: dict, inputs: jax.Array, *, graphdef: Any, max_len: int) -> jax.Array:
+    """Same result as :func:`greedy_decode` without a KV cache: step ``i`` runs the causal decoder over the whole
+    ``[B, max_len]`` buffer and reads position ``i`` (later positions cannot affect it). O(max_len^2) work, for
+    kernels that define causal attention but not incremental decoding."""
+    model = merge(graphdef, state)
+    batch = inputs.shape[0]
+    memory = model.encode(inputs)  # (B, S, d)
+
+    def body(i, carry):
+        out, done = carry  # (B, max_len), (B,)
+        decoder_inputs = jnp.pad(out, ((0, 0), (1, 0)), constant_values=BOS)[:, :-1]  # (B, max_len)
+        logits = model.decode(decoder_inputs, memory, inputs)  # (B, max_len, V)
+        nxt = jnp.where(done, 0, logits[:, i].argmax(-1)).astype(jnp.int32)  # (B,)
+        return out.at[:, i].set(nxt), done | (nxt == EOS)
+
+    start = (jnp.zeros((batch, max_len), jnp.int32), jnp.zeros((batch,), bool))
+    return jax.lax.fori_loop(0, max_len, body, start)[0]
+
+
+def supports_cached_decoding(model: nnx.Module) -> bool:
+    """Whether every decoder self-attention kernel can decode incrementally from a KV cache."""
+    return all(block.self_attn.kernel.supports_decode for block in model.decoder.blocks)
+
+
+def compile_decode(graphdef: Any, max_len: int, cached: bool = True):
+    """The jitted greedy decoder for one model graph (``cached=False``: :func:`greedy_decode_uncached`)."""
+    fn = greedy_decode if cached else greedy_decode_uncached
+    return jax.jit(functools.partial(fn, graphdef=graphdef, max_len=max_len))

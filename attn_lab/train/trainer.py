@@ -21,7 +21,7 @@ from attn_lab.models import build_model, count_params
 from attn_lab.train import metrics as metrics_lib
 from attn_lab.train.checkpoint import Checkpointer
 from attn_lab.train.config import validate_config
-from attn_lab.train.decode import compile_decode
+from attn_lab.train.decode import compile_decode, supports_cached_decoding
 from attn_lab.train.logging import METRICS_FILE, MetricLogger, write_json_atomic
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
 
@@ -41,7 +41,7 @@ class Run:
         tx = make_optimizer(config.train)
         self.train_step, self.eval_step = compile_steps(self.graphdef, tx, self.task.kind,
                                                         config.train.label_smoothing)
-        self.decode = (compile_decode(self.graphdef, self.task.max_target_length)
+        self.decode = (compile_decode(self.graphdef, self.task.max_target_length, supports_cached_decoding(model))
                        if self.task.kind == "translation" else None)
         self.state = init_state(nnx.to_pure_dict(params), model_state(model), tx, config.seed)
         self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
