@@ -37,10 +37,10 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
         path: Destination file; its directory must exist.
         obj: Any ``json.dump``-able object.
     """
-    _write_text_atomic(pathlib.Path(path), json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(pathlib.Path(path), json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def _write_text_atomic(path: pathlib.Path, text: str) -> None:
+def write_text_atomic(path: pathlib.Path, text: str) -> None:
     """Temp file in the same directory, fsync, then ``os.replace``: readers see the old or the new file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -173,7 +173,7 @@ def _truncate_jsonl(path: pathlib.Path, resume_step: int) -> None:
             continue
         if record.get("step", -1) <= resume_step:
             kept.append(line)
-    _write_text_atomic(path, "".join(line + "\n" for line in kept))
+    write_text_atomic(path, "".join(line + "\n" for line in kept))
 
 
 class MetricLogger:

@@ -1,0 +1,102 @@
+"""Runs a sweep's trials as separate ``scripts/train.py`` processes and collects their results.
+
+Each trial gets its own folder under the sweep's workdir; a trial with a ``results.json`` is skipped, so an
+interrupted sweep resumes; a failing trial leaves ``error.txt`` (its last lines of stderr) and the others go on.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+from attn_lab.sweep.spec import Experiment, Trial
+from attn_lab.train.logging import write_text_atomic
+
+
+def override_flags(overrides: dict[str, Any]) -> list[str]:
+    """``{'model.num_heads': 4}`` -> ``['--config.model.num_heads=4']`` (tuples as Python literals)."""
+    return [f"--config.{k}={v!r}" if isinstance(v, (tuple, list)) else f"--config.{k}={v}"
+            for k, v in overrides.items()]
+
+
+def trial_command(exp: Experiment, trial: Trial, trial_dir: str, extra: list[str]) -> list[str]:
+    """The ``scripts/train.py`` command of one trial (W&B group = the sweep's name)."""
+    return [sys.executable, os.path.join(exp.root, "scripts", "train.py"), "--config", exp.config,
+            "--workdir", trial_dir, f"--config.wandb.group={exp.name}", *override_flags(trial.overrides), *extra]
+
+
+def run_trial(exp: Experiment, trial: Trial, workdir: str, extra: list[str]) -> str:
+    """Runs one trial unless it already finished; returns 'ok', 'skipped' or 'failed: <last error line>'."""
+    trial_dir = os.path.join(workdir, trial.name)
+    if os.path.exists(os.path.join(trial_dir, "results.json")):
+        return "skipped"
+    os.makedirs(trial_dir, exist_ok=True)
+    proc = subprocess.run(trial_command(exp, trial, trial_dir, extra), capture_output=True, text=True)
+    if proc.returncode == 0:
+        return "ok"
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()] or [f"exit code {proc.returncode}"]
+    write_text_atomic(pathlib.Path(trial_dir, "error.txt"), "\n".join(lines[-40:]) + "\n")
+    return f"failed: {lines[-1][:200]}"
+
+
+def run_sweep(exp: Experiment, trials: list[Trial], workdir: str, *, parallel: int = 1,
+              extra: list[str] = ()) -> dict[str, str]:
+    """Runs ``trials`` (``parallel`` processes at once); returns trial name -> status."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        futures = {t.name: pool.submit(run_trial, exp, t, workdir, list(extra)) for t in trials}
+        statuses = {}
+        for name, future in futures.items():
+            statuses[name] = future.result()
+            print(f"[{len(statuses)}/{len(trials)}] {name}: {statuses[name]}", flush=True)
+    return statuses
+
+
+def collect(exp: Experiment, workdir: str, statuses: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """One row per trial: swept values, status, final test and best validation metrics, params, steps/s."""
+    rows = []
+    for trial in exp.trials():
+        row = {k.split(".")[-1] if k != "seed" else "seed": trial.overrides[k] for k in exp.swept_keys()}
+        row["trial"] = trial.name
+        results_path = os.path.join(workdir, trial.name, "results.json")
+        if os.path.exists(results_path):
+            with open(results_path) as f:
+                res = json.load(f)
+            row["status"] = (statuses or {}).get(trial.name, "ok")
+            row.update({f"test_{k}": v for k, v in res["final"]["test"].items()})
+            row.update({f"best_val_{k}": v for k, v in res["best"].items()})
+            row.update(num_params=res["num_params"], steps=res["steps"], steps_per_sec=res["steps_per_sec"])
+        else:
+            error = os.path.join(workdir, trial.name, "error.txt")
+            row["status"] = (statuses or {}).get(trial.name) or ("failed" if os.path.exists(error) else "not run")
+        rows.append(row)
+    return rows
+
+
+def write_csv(rows: list[dict[str, Any]], path: str) -> None:
+    """``results.csv`` (atomic): the union of all rows' columns, in first-seen order."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(pathlib.Path(path), buf.getvalue())
+
+
+def format_table(rows: list[dict[str, Any]], metric_keys: tuple[str, ...] = ("test_exact_match", "test_bleu",
+                                                                          "test_accuracy")) -> str:
+    """A Markdown table of the trials (swept values, status, the main test metrics, params)."""
+    metrics = [k for k in metric_keys if any(k in r for r in rows)]
+    cols = [c for c in rows[0] if c not in ("trial", "status")] if rows else []
+    cols = [c for c in cols if not c.startswith(("test_", "best_val_")) and c not in ("steps", "steps_per_sec")]
+    header = [*cols, *metrics, "status"]
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in header) + " |" for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,122 @@
+"""Experiment files -> validated trials.
+
+An experiment file (``experiments/<table>.py``) has ``get_experiment(preset) -> dict`` with keys:
+
+- ``name``: the sweep's name (also the W&B group of every trial);
+- ``config``: the base config, ``'configs/<task>.py[:preset]'`` relative to the repository root;
+- ``overrides``: fixed ``{'dotted.key': value}`` applied to every trial;
+- ``grid``: ``{'dotted.key': [values]}``, crossed as a product;
+- ``zip``: a list of ``{'dotted.key': [values], ...}`` groups whose lists advance together (one axis each), e.g.
+  ``num_heads`` with ``head_dim`` for fixed-d_k head-count ablations;
+- ``seeds``: list of seeds (crossed with everything else).
+
+Everything is checked against the base config before any trial starts: unknown keys, empty axes, zipped lists of
+unequal length and duplicate trials each stop with one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import os
+import re
+from typing import Any
+
+import ml_collections
+
+KEYS = ("name", "config", "overrides", "grid", "zip", "seeds")
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One training run of a sweep: its folder name and the overrides that define it (seed included)."""
+
+    name: str
+    overrides: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    name: str
+    config: str  # 'configs/x.py[:preset]', relative to root
+    root: str
+    overrides: dict[str, Any]
+    axes: list[list[dict[str, Any]]]  # each axis: its points, a point being {key: value}
+    seeds: list[int]
+
+    def trials(self) -> list[Trial]:
+        """Every combination of the axes and seeds, named from its swept values."""
+        out = []
+        for combo in itertools.product(*self.axes, [{"seed": s} for s in self.seeds]):
+            point = {k: v for part in combo for k, v in part.items()}
+            name = ",".join(f"{k.split('.')[-1]}={_text(v)}" for k, v in point.items())
+            out.append(Trial(name=re.sub(r"[^\w=,.+-]", "_", name), overrides={**self.overrides, **point}))
+        return out
+
+    def swept_keys(self) -> list[str]:
+        return [k for axis in self.axes for k in axis[0]] + ["seed"]
+
+
+def _text(value: Any) -> str:
+    return "-".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+    """``'configs/x.py[:arg]'`` -> ``get_config(arg)``, as ml_collections' config flags load it."""
+    file, _, arg = path.partition(":")
+    spec = importlib.util.spec_from_file_location("_attn_lab_config", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+
+
+def _check_key(config: ml_collections.ConfigDict, key: str, where: str) -> None:
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise ValueError(f"{where}: unknown config key '{key}'")
+        node = node[part]
+
+
+def load_experiment(spec: str, root: str | None = None) -> Experiment:
+    """``'experiments/x.py:preset'`` -> a validated :class:`Experiment` (raises a one-line ValueError)."""
+    path, _, preset = spec.partition(":")
+    if not os.path.exists(path):
+        raise ValueError(f"experiment file not found: {path}")
+    mod_spec = importlib.util.spec_from_file_location("_attn_lab_experiment", path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    raw = module.get_experiment(preset or "quick")
+    unknown = set(raw) - set(KEYS)
+    if unknown:
+        raise ValueError(f"{path}: unknown experiment key '{sorted(unknown)[0]}'; allowed: {', '.join(KEYS)}")
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    config_path = os.path.join(root, raw["config"])
+    base = load_config_file(config_path)
+    axes = [[{k: v} for v in _values(path, k, vs)] for k, vs in raw.get("grid", {}).items()]
+    for group in raw.get("zip", []):
+        lengths = {k: len(_values(path, k, vs)) for k, vs in group.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"{path}: zipped axes have unequal lengths {lengths}")
+        axes.append([dict(zip(group, point)) for point in zip(*group.values())])
+    for key in [*raw.get("overrides", {}), *(k for axis in axes for k in axis[0])]:
+        _check_key(base, key, path)
+    seeds = list(raw.get("seeds", [0])) or _empty(path, "seeds")
+    exp = Experiment(name=raw["name"], config=config_path, root=root, overrides=dict(raw.get("overrides", {})),
+                     axes=axes, seeds=seeds)
+    names = [t.name for t in exp.trials()]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate:
+        raise ValueError(f"{path}: duplicate trial '{duplicate}'")
+    return exp
+
+
+def _values(path: str, key: str, values: Any) -> list:
+    if not isinstance(values, (list, tuple)) or not values:
+        _empty(path, key)
+    return list(values)
+
+
+def _empty(path: str, key: str):
+    raise ValueError(f"{path}: axis '{key}' is empty (give a non-empty list)")

@@ -1,0 +1,85 @@
+"""Sweeps: experiment validation, trial naming, dry run, resume, failure recording and results.csv."""
+
+import csv
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from attn_lab.sweep.spec import load_experiment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SWEEP = os.path.join(ROOT, "scripts", "sweep.py")
+
+
+def _experiment(tmp_path, body: dict) -> str:
+    """An experiment file in a fake repository root (tmp/experiments/x.py) whose base config is the real one."""
+    (tmp_path / "experiments").mkdir(exist_ok=True)
+    (tmp_path / "configs").mkdir(exist_ok=True)
+    for name in ("numbers.py", "listops.py"):
+        target = tmp_path / "configs" / name
+        if not target.exists():
+            target.symlink_to(os.path.join(ROOT, "configs", name))
+    (tmp_path / "scripts").mkdir(exist_ok=True)
+    if not (tmp_path / "scripts" / "train.py").exists():
+        (tmp_path / "scripts" / "train.py").symlink_to(os.path.join(ROOT, "scripts", "train.py"))
+    path = tmp_path / "experiments" / "x.py"
+    path.write_text(textwrap.dedent(f"""
+        def get_experiment(preset="quick"):
+            return {body!r}
+    """))
+    return str(path)
+
+
+BASE = {"name": "t", "config": "configs/numbers.py:quick"}
+
+
+def test_grid_zip_and_seeds_make_named_trials(tmp_path):
+    exp = load_experiment(_experiment(tmp_path, {**BASE, "grid": {"model.num_layers": [1, 2]},
+                                                 "zip": [{"model.num_heads": [2, 4], "model.head_dim": [32, 16]}],
+                                                 "seeds": [0, 1]}))
+    names = [t.name for t in exp.trials()]
+    assert len(names) == 2 * 2 * 2 and len(set(names)) == 8
+    assert "num_layers=1,num_heads=4,head_dim=16,seed=1" in names
+    trial = exp.trials()[-1]
+    assert trial.overrides == {"model.num_layers": 2, "model.num_heads": 4, "model.head_dim": 16, "seed": 1}
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"grid": {"model.bogus": [1]}}, "unknown config key 'model.bogus'"),
+    ({"grid": {"model.num_heads": []}}, "axis 'model.num_heads' is empty"),
+    ({"zip": [{"model.num_heads": [1, 2], "model.head_dim": [8]}]}, "unequal lengths"),
+    ({"grid": {"model.num_heads": [2, 2]}}, "duplicate trial 'num_heads=2,seed=0'"),
+    ({"grids": {}}, "unknown experiment key 'grids'"),
+])
+def test_bad_experiment_is_one_line_before_any_trial(tmp_path, body, message):
+    path = _experiment(tmp_path, {**BASE, **body})
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        load_experiment(path)
+    proc = subprocess.run([sys.executable, SWEEP, "--config", path, "--workdir", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_sweep_runs_records_failures_resumes_and_collects(tmp_path):
+    """Two trials, one invalid (3 heads do not divide d_model 32): the other finishes, the failure is recorded,
+    the exit code says so, and a rerun skips the finished trial."""
+    data = str(tmp_path / "data")
+    path = _experiment(tmp_path, {**BASE, "grid": {"model.num_heads": [2, 3]}, "overrides": {
+        "task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
+        "train.num_steps": 4, "train.batch_size": 16, "train.log_every": 2, "train.eval_every": 4,
+        "train.checkpoint_every": 4, "train.max_eval_batches": 1, "wandb.mode": "disabled"}})
+    cmd = [sys.executable, SWEEP, "--config", path, "--workdir", str(tmp_path / "runs"), f"--config.task.data_dir={data}"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 1, first.stderr
+    assert (tmp_path / "runs" / "num_heads=2,seed=0" / "results.json").exists()
+    assert "does not divide" in (tmp_path / "runs" / "num_heads=3,seed=0" / "error.txt").read_text()
+    rows = list(csv.DictReader(open(tmp_path / "runs" / "results.csv")))
+    assert [r["num_heads"] for r in rows] == ["2", "3"] and rows[0]["status"] == "ok"
+    assert rows[1]["status"].startswith("failed") and float(rows[0]["num_params"]) > 0
+    assert "test_exact_match" in rows[0] and "| num_heads |" in first.stdout
+    second = subprocess.run(cmd + ["--shard", "0/2"], capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0 and "num_heads=2,seed=0: skipped" in second.stdout
