@@ -377,6 +377,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds for all cases; a case predicted (from its row at a shorter length) not to fit "
                         "in what is left is recorded as skipped")
     p.add_argument("--out", default="bench/attention", help="output prefix: <out>.csv, <out>.md, <out>.png")
+    p.add_argument("--replot", action="store_true", help="redraw <out>.md and <out>.png from <out>.csv, run nothing")
     p.add_argument("--quick", action="store_true", help="lengths 256,512 and batch 1 (smoke test, < 1 minute)")
     args = p.parse_args(argv)
     if args.quick:
@@ -390,6 +391,11 @@ def main(argv: list[str] | None = None) -> None:
     budget = min(args.max_gib * 2**30, available_bytes())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        cases = read_csv(out.with_suffix(".csv"))
+        print("\n".join(write_md(cases, args, out.with_suffix(".md"), budget)))
+        write_png(cases, out.with_suffix(".png"))
+        return
     cases = plan(args)
     print(f"{len(cases)} cases; kernels registered: {', '.join(sorted(KERNELS))}; "
           f"budget {budget / 2**30:.1f} GiB", flush=True)

@@ -13,7 +13,7 @@ to three static *sources*, concatenated along one key axis so a single softmax n
 An exact token-level mask, built once in numpy at trace time (:class:`Layout`), then keeps a gathered key only
 when the pattern allows it, causality holds, it is a real (not block-filling) position, and it is the first copy
 of that position in the row (a key gathered twice, e.g. a window block that is also global, counts once). Memory is
-O(T * keys_per_query). Global queries, which attend to every key, are computed densely (O(g * T)) and scattered over
+O(T * keys per query). Global queries, which attend to every key, are computed densely (O(g * T)) and scattered over
 their rows. Nothing here registers a kernel; ``sparse.py`` builds layouts for its patterns.
 """
 
@@ -63,10 +63,6 @@ class Layout:
     @property
     def num_blocks(self) -> int:
         return self.blocks.shape[0]
-
-    @property
-    def keys_per_query(self) -> int:
-        return self.key_pos.shape[-1]
 
 
 def num_blocks(length: int, block_size: int) -> int:
@@ -191,7 +187,7 @@ def _global_rows(layout: Layout, q: jax.Array, key: jax.Array, value: jax.Array,
 def block_sparse_attention(query: jax.Array, key: jax.Array, value: jax.Array, layout: Layout, *,
                            key_valid: jax.Array | None = None, precision: Any = None, need_weights: bool = False
                            ) -> tuple[jax.Array, jax.Array | None]:
-    """Exact softmax attention restricted to ``layout``'s pattern, O(T * keys_per_query) memory.
+    """Exact softmax attention restricted to ``layout``'s pattern, O(T * keys per query) memory.
 
     Args:
       query: ``[B, T, N, H]``; key, value: ``[B, T, K, H]`` with K dividing N (grouped-query).

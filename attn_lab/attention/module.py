@@ -81,9 +81,7 @@ class MultiHeadAttention(nnx.Module):
                                      precision=precision, dot_general=out_dot_general, rngs=rngs)
         self.kernel = build_kernel(attention, num_heads=num_heads, num_kv_heads=self.num_kv_heads,
                                    head_dim=self.head_dim, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        if dropout_rate > 0 and not self.kernel.supports_dropout:
-            raise ValueError(f"attention '{self.kernel.name}' does not support attention dropout "
-                             f"(dropout_rate={dropout_rate})")
+        self.kernel.check(dropout=dropout_rate > 0)
         self.rngs = rngs.dropout.fork() if keep_rngs and dropout_rate > 0 else nnx.data(None)
         self.cached_key: nnx.Cache | None = nnx.data(None)
         self.cached_value: nnx.Cache | None = nnx.data(None)

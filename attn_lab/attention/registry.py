@@ -37,22 +37,21 @@ class AttentionKernel(nnx.Module):
                  dtype: Any = None, param_dtype: Any = None):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
 
-    def check(self, *, causal: bool = False, cross: bool = False, decode: bool = False) -> None:
-        """Raises ValueError (one line) when this kernel does not define the requested use."""
+    def check(self, *, causal: bool = False, cross: bool = False, decode: bool = False,
+              dropout: bool = False) -> None:
+        """Raises ValueError (one line) when this kernel does not define the requested use; the one place the
+        capability flags are enforced (module construction and call, config validation)."""
         for wanted, ok, what in ((causal, self.supports_causal, "causal attention"),
                                  (cross, self.supports_cross, "cross-attention"),
-                                 (decode, self.supports_decode, "KV-cache decoding")):
+                                 (decode, self.supports_decode, "KV-cache decoding"),
+                                 (dropout, self.supports_dropout, "attention dropout")):
             if wanted and not ok:
                 raise ValueError(f"attention '{self.name}' does not support {what}")
 
     def check_call(self, query: jax.Array, key: jax.Array, dropout_rate: float, deterministic: bool) -> None:
         """Call-time guard for kernels used directly (the module checks these when it is built and called):
         self-attention-only kernels need q_len == kv_len; kernels without dropout refuse a training dropout."""
-        if not self.supports_cross and key.shape[1] != query.shape[1]:
-            raise ValueError(f"attention '{self.name}' does not support cross-attention "
-                             f"(q_len {query.shape[1]} != kv_len {key.shape[1]})")
-        if not self.supports_dropout and dropout_rate > 0.0 and not deterministic:
-            raise ValueError(f"attention '{self.name}' does not support attention dropout")
+        self.check(cross=key.shape[1] != query.shape[1], dropout=dropout_rate > 0.0 and not deterministic)
 
     def __call__(self, query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array | None,
                  is_causal: bool, dropout_rng: jax.Array | None, dropout_rate: float, broadcast_dropout: bool,

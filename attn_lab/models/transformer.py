@@ -17,13 +17,14 @@ import numpy as np
 from flax import nnx
 
 from attn_lab.attention import MultiHeadAttention
+from attn_lab.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 
 KINDS = ("encoder_self", "decoder_self", "cross")
 
 # key_padding_note: the models mask padded *keys* only ([B, 1, 1, S]), never padded queries. A padded query's output
 # is never read (not as a key, not by pooling, not by the loss), and a key-only mask is what efficient kernels
 # (local, kernelized, low-rank) can apply without forming a [T, S] matrix.
-PAD, BOS, EOS = 0, 1, 2  # the reserved ids of attn_lab.data.tokenizers
+PAD, BOS, EOS = PAD_ID, BOS_ID, EOS_ID  # the tokenizers' reserved ids
 
 
 @dataclass(frozen=True)

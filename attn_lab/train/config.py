@@ -99,17 +99,15 @@ def _check_model(m: Any, task_kind: str) -> None:
             spec["name"] = over.attention
         name, _ = validate_spec(spec, where="model.attention" if over.attention is None
                                 else f"model.kinds.{kind}.attention")
-        kernel = KERNELS[name]
         try:  # option values are checked by the kernel's constructor: build one tiny instance, compile nothing
-            build_kernel(spec, num_heads=m.num_heads, num_kv_heads=kv, head_dim=m.head_dim or m.d_model // m.num_heads,
-                         rngs=nnx.Rngs(0))
+            kernel = build_kernel(spec, num_heads=m.num_heads, num_kv_heads=kv,
+                                  head_dim=m.head_dim or m.d_model // m.num_heads, rngs=nnx.Rngs(0))
         except (ValueError, TypeError) as e:
             raise ValueError(f"model.attention.{name}: {e}") from None
-        for wanted, ok, what in ((kind in causal_kinds, kernel.supports_causal, "causal attention"),
-                                 (kind == "cross", kernel.supports_cross, "cross-attention"),
-                                 (m.attention_dropout > 0, kernel.supports_dropout, "model.attention_dropout > 0")):
-            if wanted and not ok:
-                raise ValueError(f"attention '{name}' does not support {what} (used by {kind})")
+        try:
+            kernel.check(causal=kind in causal_kinds, cross=kind == "cross", dropout=m.attention_dropout > 0)
+        except ValueError as e:
+            raise ValueError(f"{e} (used by {kind})") from None
         try:
             parse_head_mask(over.head_mask, m.num_decoder_layers or m.num_layers if kind != "encoder_self"
                             else m.num_layers, m.num_heads)
