@@ -303,7 +303,7 @@ def write_md(cases: list[Case], args: argparse.Namespace, path: Path, budget: fl
             return f"{c.seconds:.3g} s ({fmt(speed, 2)}x)"
         return f"{c.memory.get('temp', 0) / 2**20:.3g} MiB ({fmt(mem, 2)}x)"
 
-    lines = [f"# Attention fwd+bwd benchmark", "",
+    lines = ["# Attention fwd+bwd benchmark", "",
              f"batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, float32, "
              f"backend {jax.default_backend()} ({os.cpu_count()} CPUs visible), memory budget "
              f"{budget / 2**30:.1f} GiB. Ratios are vs `{REF}` at the same length (speedup = ref time / time; "

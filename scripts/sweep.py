@@ -3,6 +3,8 @@
   python scripts/sweep.py --config experiments/head_count.py:quick --workdir runs/head_count
   python scripts/sweep.py --config experiments/head_count.py:quick --workdir runs/head_count --dry-run
   python scripts/sweep.py ... --parallel 2 --shard 0/4 --config.train.num_steps=100
+  python scripts/sweep.py ... --seeds 0,1,2 --vmap-seeds
+  python scripts/sweep.py ... --export-wandb sweep.yaml   # then: wandb sweep sweep.yaml; wandb agent <id>
 
 Every trial runs ``scripts/train.py`` in its own folder; finished trials are skipped (resume), failures are recorded
 and the rest go on; ``results.csv`` and a summary table are written at the end. Exit code 0 only if every selected
@@ -12,12 +14,15 @@ trial succeeded. Extra ``--config.key=value`` flags are passed to every trial.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
 
 from attn_lab.sweep.runner import collect, format_table, override_flags, run_sweep, write_csv
-from attn_lab.sweep.spec import load_config_file, load_experiment
+from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment
+from attn_lab.sweep.wandb_sweep import sweep_definition, trial_from_wandb, write_sweep_yaml
+from attn_lab.train.seeds import parse_seeds
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -27,6 +32,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--dry-run", action="store_true", help="list the trials and their overrides, run nothing")
     p.add_argument("--parallel", type=int, default=1, help="trial processes at once")
     p.add_argument("--shard", default="0/1", help="I/N: run every N-th trial starting at I (scheduler arrays)")
+    p.add_argument("--seeds", help="comma-separated seeds replacing the experiment's")
+    p.add_argument("--vmap-seeds", action="store_true",
+                   help="train the seeds of each trial in one process, vectorized with jax.vmap")
+    p.add_argument("--export-wandb", metavar="YAML", help="write the sweep as a W&B grid sweep definition and exit")
+    p.add_argument("--wandb-trial", metavar="JSON", help="(W&B agent) run the one trial with these parameters")
     args, extra = p.parse_known_args(argv)
     bad = [a for a in extra if not re.match(r"--config\.[\w.]+=", a)]
     if bad:
@@ -34,30 +44,49 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, extra
 
 
+def _check_overrides(exp: Experiment, extra: list[str]) -> None:
+    """Pass-through ``--config.x=y`` flags must name keys of the base config (checked before anything runs)."""
+    base = load_config_file(exp.config)
+    for flag in extra:
+        key = flag[len("--config."):].split("=", 1)[0]
+        node = base
+        for part in key.split("."):
+            if not hasattr(node, "keys") or part not in node:
+                raise ValueError(f"unknown config key 'config.{key}'")
+            node = node[part]
+
+
+def select(args: argparse.Namespace, exp: Experiment) -> list[Trial]:
+    """The trials this invocation runs: the W&B agent's one trial, or this shard of all of them."""
+    if args.wandb_trial:
+        return [trial_from_wandb(exp, args.wandb_trial)]
+    index, count = (int(x) for x in args.shard.split("/"))
+    if not 0 <= index < count:
+        raise ValueError(f"--shard {args.shard}: need 0 <= I < N")
+    return exp.trials()[index::count]
+
+
 def main(argv: list[str]) -> int:
     args, extra = parse(argv)
     try:
         exp = load_experiment(args.config)
-        base = load_config_file(exp.config)
-        for flag in extra:  # validate pass-through overrides against the base config before anything runs
-            key = flag[len("--config."):].split("=", 1)[0]
-            node = base
-            for part in key.split("."):
-                if not hasattr(node, "keys") or part not in node:
-                    raise ValueError(f"unknown config key 'config.{key}'")
-                node = node[part]
-        index, count = (int(x) for x in args.shard.split("/"))
-        if not 0 <= index < count:
-            raise ValueError(f"--shard {args.shard}: need 0 <= I < N")
+        if args.seeds:
+            exp = dataclasses.replace(exp, seeds=parse_seeds(args.seeds))
+        _check_overrides(exp, extra)
+        trials = select(args, exp)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    trials = exp.trials()[index::count]
+    if args.export_wandb:
+        write_sweep_yaml(args.export_wandb, sweep_definition(exp, args.config, args.workdir, extra))
+        print(f"wrote {args.export_wandb}: {len(exp.trials())} trials; run `wandb sweep {args.export_wandb}`, "
+              "then `wandb agent <sweep id>` on each machine")
+        return 0
     if args.dry_run:
         for t in trials:
             print(t.name, " ".join(override_flags(t.overrides)))
         return 0
     os.makedirs(args.workdir, exist_ok=True)
-    statuses = run_sweep(exp, trials, args.workdir, parallel=args.parallel, extra=extra)
+    statuses = run_sweep(exp, trials, args.workdir, parallel=args.parallel, extra=extra, vmap_seeds=args.vmap_seeds)
     rows = collect(exp, args.workdir, statuses)
     write_csv(rows, os.path.join(args.workdir, "results.csv"))
     print(format_table(rows))

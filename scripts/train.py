@@ -1,8 +1,10 @@
 """Train one model from a config file.
 
   python scripts/train.py --config configs/numbers.py:quick --workdir runs/x --config.model.num_heads=8
+  python scripts/train.py --config configs/numbers.py:quick --workdir 'runs/x/seed={seed}' --seeds 0,1,2
 
-Running the same command again on the same workdir resumes from its last checkpoint.
+Running the same command again on the same workdir resumes from its last checkpoint. ``--seeds`` trains several
+seeds in one vmapped program, each written to its own folder exactly as a separate run would be.
 """
 
 import json
@@ -13,10 +15,13 @@ from ml_collections import config_flags
 
 from attn_lab.cli import parse_flags
 from attn_lab.train.config import validate_config
-from attn_lab.train.trainer import train_and_evaluate
+from attn_lab.train.seeds import parse_seeds, seed_workdirs
+from attn_lab.train.trainer import ResumeError, train_seeds
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, optionally with ':preset'.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (metrics, checkpoints, W&B, results.json).")
+_SEEDS = flags.DEFINE_string("seeds", None, "Comma-separated seeds trained together (jax.vmap); the workdir "
+                             "must then contain {seed}. Default: config.seed alone.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -26,15 +31,17 @@ def main(argv: list[str]) -> int:
     logging.set_verbosity(logging.WARNING)  # orbax/tfds INFO lines drown the progress bar
     try:
         validate_config(_CONFIG.value)  # one line naming the bad key, before any data or compilation
+        seeds = parse_seeds(_SEEDS.value) if _SEEDS.value is not None else [_CONFIG.value.seed]
+        workdirs = seed_workdirs(_WORKDIR.value, seeds)
     except ValueError as e:
         sys.exit(f"error: {e}")
     try:
-        results = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    except FloatingPointError as e:  # non-finite loss: the last good checkpoint is kept
+        all_results = train_seeds(_CONFIG.value, workdirs, seeds)
+    except (FloatingPointError, ResumeError) as e:  # non-finite loss: the last good checkpoint is kept
         sys.exit(f"error: {e}")
-    summary = {k: results[k] for k in ("final", "best", "num_params", "steps", "wall_time_sec", "steps_per_sec")
-               if k in results}
-    print(json.dumps(summary, indent=2))
+    keys = ("final", "best", "num_params", "steps", "wall_time_sec", "steps_per_sec")
+    for workdir, results in zip(workdirs, all_results):
+        print(json.dumps({"workdir": workdir, **{k: results[k] for k in keys if k in results}}, indent=2))
     return 0
 
 

@@ -1,7 +1,9 @@
-"""Runs a sweep's trials as separate ``scripts/train.py`` processes and collects their results.
+"""Runs a sweep's trials as ``scripts/train.py`` processes and collects their results.
 
 Each trial gets its own folder under the sweep's workdir; a trial with a ``results.json`` is skipped, so an
 interrupted sweep resumes; a failing trial leaves ``error.txt`` (its last lines of stderr) and the others go on.
+With ``vmap_seeds`` the trials that differ only in seed train in one process, their seeds vmapped (each still writes
+its own folder).
 """
 
 from __future__ import annotations
@@ -32,29 +34,78 @@ def trial_command(exp: Experiment, trial: Trial, trial_dir: str, extra: list[str
             "--workdir", trial_dir, f"--config.wandb.group={exp.name}", *override_flags(trial.overrides), *extra]
 
 
+def seed_groups(trials: list[Trial]) -> list[list[Trial]]:
+    """Trials that differ only in their seed, grouped (in trial order): what ``--vmap-seeds`` trains together."""
+    groups: dict[str, list[Trial]] = {}
+    for t in trials:
+        groups.setdefault(repr({k: v for k, v in t.overrides.items() if k != "seed"}), []).append(t)
+    return list(groups.values())
+
+
+def group_command(exp: Experiment, group: list[Trial], workdir: str, extra: list[str]) -> list[str]:
+    """One ``scripts/train.py --seeds`` command for a group of trials that differ only in seed.
+
+    The workdir is the trials' folder name with ``{seed}`` in place of the seed, so seed i writes into exactly the
+    folder its separate trial would have used.
+    """
+    first = group[0]
+    suffix = f"seed={first.overrides['seed']}"
+    assert first.name.endswith(suffix), first.name  # the seed is the last axis of every trial name
+    template = os.path.join(workdir, first.name[: -len(suffix)] + "seed={seed}")
+    fixed = {k: v for k, v in first.overrides.items() if k != "seed"}
+    seeds = ",".join(str(t.overrides["seed"]) for t in group)
+    return [sys.executable, os.path.join(exp.root, "scripts", "train.py"), "--config", exp.config,
+            "--workdir", template, "--seeds", seeds, f"--config.wandb.group={exp.name}", *override_flags(fixed),
+            *extra]
+
+
+def run_group(exp: Experiment, group: list[Trial], workdir: str, extra: list[str]) -> dict[str, str]:
+    """Runs the unfinished trials of ``group`` -- one process, seeds vmapped when there are several.
+
+    Returns trial name -> 'ok', 'skipped' or 'failed: <last error line>'.
+    """
+    done = [t for t in group if os.path.exists(os.path.join(workdir, t.name, "results.json"))]
+    todo = [t for t in group if t not in done]
+    statuses = {t.name: "skipped" for t in done}
+    if todo:
+        dirs = [os.path.join(workdir, t.name) for t in todo]
+        cmd = (trial_command(exp, todo[0], dirs[0], extra) if len(todo) == 1
+               else group_command(exp, todo, workdir, extra))
+        status = _run(cmd, dirs)
+        statuses.update({t.name: status for t in todo})
+    return {t.name: statuses[t.name] for t in group}
+
+
 def run_trial(exp: Experiment, trial: Trial, workdir: str, extra: list[str]) -> str:
     """Runs one trial unless it already finished; returns 'ok', 'skipped' or 'failed: <last error line>'."""
-    trial_dir = os.path.join(workdir, trial.name)
-    if os.path.exists(os.path.join(trial_dir, "results.json")):
-        return "skipped"
-    os.makedirs(trial_dir, exist_ok=True)
-    proc = subprocess.run(trial_command(exp, trial, trial_dir, extra), capture_output=True, text=True)
+    return run_group(exp, [trial], workdir, extra)[trial.name]
+
+
+def _run(cmd: list[str], dirs: list[str]) -> str:
+    """Runs a training command writing into ``dirs``; a failure leaves its last stderr lines in each error.txt."""
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode == 0:
         return "ok"
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()] or [f"exit code {proc.returncode}"]
-    write_text_atomic(pathlib.Path(trial_dir, "error.txt"), "\n".join(lines[-40:]) + "\n")
+    for d in dirs:
+        write_text_atomic(pathlib.Path(d, "error.txt"), "\n".join(lines[-40:]) + "\n")
     return f"failed: {lines[-1][:200]}"
 
 
-def run_sweep(exp: Experiment, trials: list[Trial], workdir: str, *, parallel: int = 1,
-              extra: list[str] = ()) -> dict[str, str]:
-    """Runs ``trials`` (``parallel`` processes at once); returns trial name -> status."""
+def run_sweep(exp: Experiment, trials: list[Trial], workdir: str, *, parallel: int = 1, extra: list[str] = (),
+              vmap_seeds: bool = False) -> dict[str, str]:
+    """Runs ``trials`` (``parallel`` processes at once; with ``vmap_seeds`` one process per group of trials that
+    differ only in seed); returns trial name -> status."""
+    units = seed_groups(trials) if vmap_seeds else [[t] for t in trials]
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        futures = {t.name: pool.submit(run_trial, exp, t, workdir, list(extra)) for t in trials}
-        statuses = {}
-        for name, future in futures.items():
-            statuses[name] = future.result()
-            print(f"[{len(statuses)}/{len(trials)}] {name}: {statuses[name]}", flush=True)
+        futures = [pool.submit(run_group, exp, unit, workdir, list(extra)) for unit in units]
+        statuses: dict[str, str] = {}
+        for future in futures:
+            for name, status in future.result().items():
+                statuses[name] = status
+                print(f"[{len(statuses)}/{len(trials)}] {name}: {status}", flush=True)
     return statuses
 
 

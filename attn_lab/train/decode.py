@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attn_lab.models.transformer import BOS, EOS, Ctx
+from attn_lab.train.seeds import seed_map
 from attn_lab.train.steps import merge
 
 
@@ -66,7 +67,11 @@ def supports_cached_decoding(model: nnx.Module) -> bool:
     return all(block.self_attn.kernel.supports_decode for block in model.decoder.blocks)
 
 
-def compile_decode(graphdef: Any, max_len: int, cached: bool = True):
-    """The jitted greedy decoder for one model graph (``cached=False``: :func:`greedy_decode_uncached`)."""
-    fn = greedy_decode if cached else greedy_decode_uncached
-    return jax.jit(functools.partial(fn, graphdef=graphdef, max_len=max_len))
+def compile_decode(graphdef: Any, max_len: int, cached: bool = True, num_seeds: int | None = None):
+    """The jitted greedy decoder for one model graph (``cached=False``: :func:`greedy_decode_uncached`).
+
+    ``num_seeds``: decode a state with a leading seed axis (the trainer's), inputs shared by all seeds, giving
+    ``[S, B, max_len]``; None: a plain state.
+    """
+    fn = functools.partial(greedy_decode if cached else greedy_decode_uncached, graphdef=graphdef, max_len=max_len)
+    return jax.jit(fn if num_seeds is None else seed_map(fn, num_seeds, (0, None)))

@@ -18,6 +18,7 @@ from flax import nnx
 
 from attn_lab.models import Ctx
 from attn_lab.train import losses
+from attn_lab.train.seeds import seed_map
 
 
 def learning_rate_schedule(tcfg: Any) -> optax.Schedule:
@@ -89,10 +90,11 @@ def eval_step(state: dict, batch: dict, *, graphdef: Any, kind: str) -> dict:
     return {"loss": loss_sum, "correct": losses.correct(logits, labels, weights), "weight": weight_sum}
 
 
-def compile_steps(graphdef: Any, tx: optax.GradientTransformation, kind: str,
-                  label_smoothing: float) -> tuple[Callable, Callable]:
-    """The jitted train step (state donated: updated in place) and eval step."""
-    train = jax.jit(functools.partial(train_step, graphdef=graphdef, tx=tx, kind=kind,
-                                      label_smoothing=label_smoothing), donate_argnums=(0,))
-    evaluate = jax.jit(functools.partial(eval_step, graphdef=graphdef, kind=kind))
-    return train, evaluate
+def compile_steps(graphdef: Any, tx: optax.GradientTransformation, kind: str, label_smoothing: float,
+                  num_seeds: int = 1) -> tuple[Callable, Callable]:
+    """The jitted train step (state donated: updated in place) and eval step, over a leading seed axis of the state
+    (and of the train batch; eval batches are shared by all seeds)."""
+    train = functools.partial(train_step, graphdef=graphdef, tx=tx, kind=kind, label_smoothing=label_smoothing)
+    evaluate = functools.partial(eval_step, graphdef=graphdef, kind=kind)
+    return (jax.jit(seed_map(train, num_seeds, (0, 0)), donate_argnums=(0,)),
+            jax.jit(seed_map(evaluate, num_seeds, (0, None))))

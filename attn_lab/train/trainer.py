@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -23,56 +23,79 @@ from attn_lab.train.checkpoint import Checkpointer
 from attn_lab.train.config import validate_config
 from attn_lab.train.decode import compile_decode, supports_cached_decoding
 from attn_lab.train.logging import METRICS_FILE, MetricLogger, write_json_atomic
+from attn_lab.train.seeds import stack, stack_batches, unstack
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
 
 
-class Run:
-    """Everything one training run holds: task, compiled steps, state, logger and checkpointer."""
+class ResumeError(RuntimeError):
+    """The seeds' checkpoints share no step to resume from (their folders were edited by hand)."""
 
-    def __init__(self, config: Any, workdir: str):
-        self.config, self.workdir = config, workdir
-        self.main = jax.process_index() == 0
+
+class Run:
+    """One config trained for one or more seeds: task, compiled steps, state, loggers and checkpointers.
+
+    The state has a leading seed axis; with several seeds every step is ``jax.vmap``-ed over it (one compiled
+    program for all seeds, see :mod:`attn_lab.train.seeds`), and each seed still gets its own folder with
+    metrics.jsonl, W&B run, checkpoints and results.json, exactly as a separate run writes them.
+    """
+
+    def __init__(self, config: Any, workdirs: str | Sequence[str], seeds: Sequence[int] | None = None):
+        self.workdirs = [workdirs] if isinstance(workdirs, str) else list(workdirs)
+        self.seeds = [int(config.seed)] if seeds is None else list(seeds)
+        self.configs = [_with_seed(config, s, len(self.seeds)) for s in self.seeds]
+        self.config, self.main = config, jax.process_index() == 0
         self.task = load_task(config.task, config.task.data_dir)
         max_len = max(self.task.max_input_length, self.task.max_target_length or 0) + 1
-        model = build_model(config.model, kind=self.task.kind, vocab_size=self.task.vocab.size, max_len=max_len,
-                            num_classes=self.task.num_classes, seed=config.seed)
-        self.num_params = count_params(model)
-        self.graphdef, params, _ = nnx.split(model, nnx.Param, ...)
-        tx = make_optimizer(config.train)
+        models = [build_model(config.model, kind=self.task.kind, vocab_size=self.task.vocab.size, max_len=max_len,
+                              num_classes=self.task.num_classes, seed=s) for s in self.seeds]
+        self.num_params = count_params(models[0])
+        self.graphdef = nnx.split(models[0], nnx.Param, ...)[0]
+        tx, n = make_optimizer(config.train), len(self.seeds)
         self.train_step, self.eval_step = compile_steps(self.graphdef, tx, self.task.kind,
-                                                        config.train.label_smoothing)
-        self.decode = (compile_decode(self.graphdef, self.task.max_target_length, supports_cached_decoding(model))
-                       if self.task.kind == "translation" else None)
-        self.state = init_state(nnx.to_pure_dict(params), model_state(model), tx, config.seed)
-        self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
-        if self.ckpt.latest_step() is not None:
-            self.state = self.ckpt.restore(self.state)
-        self.start_step = int(self.state["step"])
-        self.logger = MetricLogger(workdir, config.to_dict(), mode=config.wandb.mode, project=config.wandb.project,
-                                   group=config.wandb.group, tags=tuple(config.wandb.tags), name=config.wandb.name,
-                                   resume_step=self.start_step, is_main_process=self.main)
+                                                        config.train.label_smoothing, num_seeds=n)
+        self.decode = (compile_decode(self.graphdef, self.task.max_target_length, supports_cached_decoding(models[0]),
+                                      num_seeds=n) if self.task.kind == "translation" else None)
+        states = [init_state(nnx.to_pure_dict(nnx.state(m, nnx.Param)), model_state(m), tx, s)
+                  for m, s in zip(models, self.seeds)]
+        self.ckpts = [Checkpointer(os.path.join(w, "checkpoints")) for w in self.workdirs]
+        states, self.start_step = _restore(self.ckpts, states)
+        self.state = stack(states)
+        self.loggers = [MetricLogger(w, c.to_dict(), mode=c.wandb.mode, project=c.wandb.project, group=c.wandb.group,
+                                     tags=tuple(c.wandb.tags), name=c.wandb.name, resume_step=self.start_step,
+                                     is_main_process=self.main) for w, c in zip(self.workdirs, self.configs)]
 
-    def evaluate(self, split: str) -> dict[str, float]:
-        """Loss and accuracy on ``split``; translation adds greedy-decoded BLEU and exact match."""
-        tcfg, state = self.config.train, self.state
-        sums, hyps = {"loss": 0.0, "correct": 0.0, "weight": 0.0}, []
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Logs seed i's slice of each ``[S]`` metric to seed i's logger."""
+        for i, logger in enumerate(self.loggers):
+            logger.log(step, {k: float(np.asarray(v)[i]) for k, v in metrics.items()})
+
+    def evaluate(self, split: str) -> list[dict[str, float]]:
+        """Per seed: loss and accuracy on ``split``; translation adds greedy-decoded BLEU and exact match."""
+        tcfg, state, n = self.config.train, self.state, len(self.seeds)
+        sums, hyps = {k: np.zeros(n) for k in ("loss", "correct", "weight")}, [[] for _ in range(n)]
         for i, batch in enumerate(self.task.dataset(split, tcfg.batch_size, train=False)):
             if tcfg.max_eval_batches and i >= tcfg.max_eval_batches:
                 break
-            sums = {k: sums[k] + float(v) for k, v in self.eval_step(state, batch).items()}
+            sums = {k: sums[k] + np.asarray(v, np.float64) for k, v in self.eval_step(state, batch).items()}
             if self.decode is not None:
-                hyps += [self.task.decode(row) for row in np.asarray(self.decode(state, batch["inputs"]))]
-        result = metrics_lib.summarize(sums)
+                ids = np.asarray(self.decode(state, batch["inputs"]))  # (S, B, T)
+                for seed_hyps, rows in zip(hyps, ids):
+                    seed_hyps += [self.task.decode(row) for row in rows]
+        results = [metrics_lib.summarize({k: float(v[i]) for k, v in sums.items()}) for i in range(n)]
         if self.decode is not None:
-            refs = self.task.references(split)[: len(hyps)]
-            result.update(metrics_lib.translation_scores(hyps[: len(refs)], refs, self.config.eval.bleu_tokenize))
-        return result
+            refs = self.task.references(split)[: len(hyps[0])]
+            for result, seed_hyps in zip(results, hyps):
+                result.update(metrics_lib.translation_scores(seed_hyps[: len(refs)], refs,
+                                                             self.config.eval.bleu_tokenize))
+        return results
 
     def save(self, step: int) -> None:
-        """Checkpoints only finite parameters, so a NaN never overwrites the last good checkpoint."""
-        finite = all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(self.state["params"]))
-        if finite and self.ckpt.latest_step() != step:
-            self.ckpt.save(step, self.state)
+        """Checkpoints each seed whose parameters are finite, so a NaN never overwrites its last good checkpoint."""
+        for i, ckpt in enumerate(self.ckpts):
+            state = unstack(self.state, i)
+            finite = all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(state["params"]))
+            if finite and ckpt.latest_step() != step:
+                ckpt.save(step, state)
 
     def compilations(self) -> dict[str, int]:
         """How many times each jitted function compiled in this process (one per padded shape bucket)."""
@@ -80,8 +103,30 @@ class Run:
         return {k: f._cache_size() for k, f in fns.items() if f is not None}
 
     def close(self) -> None:
-        self.logger.close()
-        self.ckpt.close()
+        for closable in [*self.loggers, *self.ckpts]:
+            closable.close()
+
+
+def _with_seed(config: Any, seed: int, num_seeds: int) -> Any:
+    """A copy of ``config`` for one seed (a W&B display name gets a ``-seed<N>`` suffix when seeds share it)."""
+    c = config.copy_and_resolve_references()
+    c.seed = seed
+    if c.wandb.name and num_seeds > 1:
+        c.wandb.name = f"{c.wandb.name}-seed{seed}"
+    return c
+
+
+def _restore(ckpts: list[Checkpointer], states: list[dict]) -> tuple[list[dict], int]:
+    """Each seed's state at the newest step every seed has a checkpoint of (seeds save together), or fresh."""
+    have = [set(c.all_steps()) for c in ckpts]
+    if not any(have):
+        return states, 0
+    common = set.intersection(*have)
+    if not common:
+        raise ResumeError(f"the seeds' checkpoints share no step ({[sorted(h) for h in have]}); "
+                          "delete the checkpoints folders to start again")
+    step = max(common)
+    return [c.restore(s, step) for c, s in zip(ckpts, states)], step
 
 
 def _eval_history(workdir: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -105,29 +150,33 @@ def _eval_history(workdir: str) -> tuple[dict[str, float], dict[str, float]]:
 def _train_loop(run: Run, stop_after: int | None) -> tuple[int, float]:
     """Steps from the restored step to ``num_steps`` (or ``stop_after``); returns (last step, train seconds)."""
     tcfg = run.config.train
-    dataset = run.task.dataset("train", tcfg.batch_size, train=True, seed=run.config.seed)
+    datasets = [run.task.dataset("train", tcfg.batch_size, train=True, seed=s) for s in run.seeds]
     end = tcfg.num_steps if stop_after is None else min(stop_after, tcfg.num_steps)
     bar = tqdm.tqdm(total=tcfg.num_steps, initial=run.start_step, disable=not run.main, mininterval=1.0,
                     desc="train", dynamic_ncols=True)
     train_time, window_start, window_tokens, step = 0.0, time.time(), 0.0, run.start_step
     for step in range(run.start_step + 1, end + 1):
-        run.state, m = run.train_step(run.state, dataset[step - 1])
-        loss = float(m["loss"])
-        if not np.isfinite(loss):
-            raise FloatingPointError(f"non-finite loss ({loss}) at step {step}; stopped, last good checkpoint "
-                                     f"is step {run.ckpt.latest_step()} in {run.workdir}/checkpoints")
-        window_tokens += float(m["tokens"])
+        run.state, m = run.train_step(run.state, stack_batches([d[step - 1] for d in datasets]))
+        loss = np.asarray(m["loss"])  # (S,)
+        if not np.isfinite(loss).all():
+            seeds = [s for s, x in zip(run.seeds, loss) if not np.isfinite(x)]
+            raise FloatingPointError(f"non-finite loss ({loss.tolist()}) at step {step} (seed {seeds}); stopped, "
+                                     f"the last good checkpoint is step {run.ckpts[0].latest_step()} in "
+                                     f"{run.workdirs[0]}/checkpoints")
+        window_tokens += np.asarray(m["tokens"])
         bar.update(1)
         if step % tcfg.log_every == 0 or step == end:
             elapsed = time.time() - window_start
             steps = step - max(run.start_step, step - tcfg.log_every)
             train_time += elapsed
-            rates = {"train/steps_per_sec": steps / elapsed, "train/tokens_per_sec": window_tokens / elapsed}
-            run.logger.log(step, {f"train/{k}": float(v) for k, v in m.items() if k != "tokens"} | rates)
-            bar.set_postfix(loss=f"{loss:.3f}", steps_per_s=f"{rates['train/steps_per_sec']:.1f}")
+            rates = {"train/steps_per_sec": np.full(len(run.seeds), steps / elapsed),
+                     "train/tokens_per_sec": window_tokens / elapsed}
+            run.log(step, {f"train/{k}": v for k, v in m.items() if k != "tokens"} | rates)
+            bar.set_postfix(loss=f"{loss.mean():.3f}", steps_per_s=f"{steps / elapsed:.1f}")
             window_start, window_tokens = time.time(), 0.0
         if step % tcfg.eval_every == 0 or step == tcfg.num_steps:
-            run.logger.log(step, {f"eval/{k}": v for k, v in run.evaluate("validation").items()})
+            scores = run.evaluate("validation")
+            run.log(step, {f"eval/{k}": [r[k] for r in scores] for k in scores[0]})
             window_start = time.time()
         if step % tcfg.checkpoint_every == 0 or step == end:
             run.save(step)
@@ -147,29 +196,51 @@ def train_and_evaluate(config: Any, workdir: str, *, stop_after: int | None = No
     Returns:
       The results dict (also in ``workdir/results.json`` when training reached ``num_steps``).
     """
+    return train_seeds(config, [workdir], [int(config.seed)], stop_after=stop_after)[0]
+
+
+def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *,
+                stop_after: int | None = None) -> list[dict]:
+    """Trains ``config`` once per seed, all seeds in one vmapped program; seed i writes into ``workdirs[i]``.
+
+    Each folder ends up as a separate run with that seed would leave it (metrics.jsonl, W&B run, checkpoints,
+    results.json); results also record ``seeds_vectorized``, the number of seeds that shared the program.
+    """
     validate_config(config)
-    os.makedirs(workdir, exist_ok=True)
+    for w in workdirs:
+        os.makedirs(w, exist_ok=True)
     start = time.time()
-    run = Run(config, workdir)
+    run = Run(config, workdirs, seeds)
     try:
-        run.logger.summary({"num_params": run.num_params})
+        for logger in run.loggers:
+            logger.summary({"num_params": run.num_params})
         if run.main:
-            write_json_atomic(os.path.join(workdir, "config.json"), config.to_dict())
+            for w, c in zip(run.workdirs, run.configs):
+                write_json_atomic(os.path.join(w, "config.json"), c.to_dict())
             resumed = f", resuming at step {run.start_step}" if run.start_step else ""
-            print(f"{config.task.name}: {run.task.kind} model, {run.num_params:,} parameters{resumed}", flush=True)
+            vectorized = f", seeds {run.seeds} in one program" if len(run.seeds) > 1 else ""
+            print(f"{config.task.name}: {run.task.kind} model, {run.num_params:,} parameters{vectorized}{resumed}",
+                  flush=True)
         step, train_time = _train_loop(run, stop_after)
         if step < config.train.num_steps:
-            return {"step": step, "finished": False}
-        last, best = _eval_history(workdir)
-        final = {"validation": last, "test": run.evaluate("test")}
-        done = step - run.start_step
-        results = {"final": final, "best": best, "num_params": run.num_params, "steps": step,
-                   "compilations": run.compilations(), "wall_time_sec": time.time() - start,
-                   "steps_per_sec": done / max(train_time, 1e-9), "config": config.to_dict()}
-        run.logger.log(step, {f"test/{k}": v for k, v in final["test"].items()})
-        run.logger.summary({"final/" + k: v for k, v in final["test"].items()})
-        if run.main:
-            write_json_atomic(os.path.join(workdir, "results.json"), results)
-        return results
+            return [{"step": step, "finished": False} for _ in run.seeds]
+        tests = run.evaluate("test")
+        common = {"num_params": run.num_params, "steps": step, "compilations": run.compilations(),
+                  "wall_time_sec": time.time() - start,
+                  "steps_per_sec": (step - run.start_step) / max(train_time, 1e-9),
+                  "seeds_vectorized": len(run.seeds)}
+        return [_finish(run, i, step, test, common) for i, test in enumerate(tests)]
     finally:
         run.close()
+
+
+def _finish(run: Run, i: int, step: int, test: dict[str, float], common: dict) -> dict:
+    """Seed i's results: logged to its W&B run and written atomically to its results.json."""
+    last, best = _eval_history(run.workdirs[i])
+    results = {"final": {"validation": last, "test": test}, "best": best, **common,
+               "config": run.configs[i].to_dict()}
+    run.loggers[i].log(step, {f"test/{k}": v for k, v in test.items()})
+    run.loggers[i].summary({"final/" + k: v for k, v in test.items()})
+    if run.main:
+        write_json_atomic(os.path.join(run.workdirs[i], "results.json"), results)
+    return results
