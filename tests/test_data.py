@@ -231,10 +231,11 @@ def test_eval_pass_covers_every_example_once(numbers_task, listops_task):
 
 
 def test_unknown_task_name_one_line_error(tmp_path):
-    assert TASKS == ("numbers", "listops")
+    assert TASKS == ("numbers", "listops", "bible", "sentiment", "digits", "tfds:<name>")
     with pytest.raises(ValueError) as err:
         load_task(_cfg(name="foo"), data_dir=str(tmp_path))
-    assert str(err.value) == ("unknown task.name 'foo'; choose one of: numbers, listops")
+    assert str(err.value) == ("unknown task.name 'foo'; choose one of: numbers, listops, bible, sentiment, digits, "
+                              "tfds:<name>")
     assert not os.listdir(tmp_path)
 
 

@@ -14,46 +14,28 @@ import grain
 import tensorflow_datasets as tfds
 from num2words import CONVERTER_CLASSES
 
-from attn_lab.data import builders, pipeline
-from attn_lab.data.builders import listops, numbers
+from attn_lab.data import builders, catalog, pipeline, spm
+from attn_lab.data.builders import bible, digits, listops, numbers, sentiment
 from attn_lab.data.tokenizers import Vocab
 
-TASKS: tuple[str, ...] = ("numbers", "listops")
-TASK_KINDS: dict[str, str] = {"numbers": "translation", "listops": "classification"}
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
+SPM = dict(vocab_size=8000, spm_model_type="unigram")  # subword options shared by the natural-language tasks
 
-# Task options and their defaults; the config files set the same names.
+# Task options and their defaults; the config files set the same names. 'tfds:<catalog name>' uses TFDS_DEFAULTS.
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "numbers": dict(
-        src_lang="en",
-        tgt_lang="de",
-        min_value=0,
-        max_value=9999,
-        split_seed=0,
-        max_input_length=64,
-        max_target_length=64,
-    ),
-    "listops": dict(
-        max_depth=6,
-        max_args=5,
-        min_length=32,
-        max_length=128,
-        num_train=20000,
-        num_validation=1000,
-        num_test=1000,
-        seed=0,
-    ),
+    "numbers": dict(src_lang="en", tgt_lang="de", min_value=0, max_value=9999, split_seed=0, max_input_length=64,
+                    max_target_length=64),
+    "listops": dict(max_depth=6, max_args=5, min_length=32, max_length=128, num_train=20000, num_validation=1000,
+                    num_test=1000, seed=0),
+    "bible": dict(src="lsg", tgt="web", books=(), max_input_length=128, max_target_length=128, **SPM),
+    "sentiment": dict(split_seed=0, limit=0, max_length=64, **SPM),
+    "digits": dict(split_seed=0),
 }
-_POSITIVE = (
-    "max_input_length",
-    "max_target_length",
-    "max_depth",
-    "min_length",
-    "max_length",
-    "num_train",
-    "num_validation",
-    "num_test",
-)
+TASKS: tuple[str, ...] = (*DEFAULTS, "tfds:<name>")
+TASK_KINDS: dict[str, str] = {"numbers": "translation", "listops": "classification", "bible": "translation",
+                              "sentiment": "classification", "digits": "classification"}
+_POSITIVE = ("max_input_length", "max_target_length", "max_depth", "min_length", "max_length", "num_train",
+             "num_validation", "num_test", "vocab_size")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,17 +43,19 @@ class Task:
     """A prepared task: its vocab, sizes, and batch datasets per split.
 
     Attributes:
-      name: 'numbers' or 'listops'.
+      name: a task name from TASKS, or 'tfds:<catalog name>'.
       kind: 'translation' (inputs/targets sequences) or 'classification'
         (inputs sequence, int label, row mask).
       vocab: the vocab built from the train split (shared by both sides of a
-        translation task).
+        translation task): characters or words for the synthetic tasks, a
+        SentencePiece model for natural language.
       num_classes: label count for classification, None for translation.
       max_input_length: longest input in tokens (eos included for translation).
       max_target_length: longest target (eos included); None for
         classification.
       sources: split -> decoded TFDS records, in prepared order (held in
-        memory: the tasks are small and this keeps batches cheap).
+        memory for the bundled tasks, which are small; random access into the
+        array_record files for catalog datasets).
     """
 
     name: str
@@ -135,66 +119,86 @@ class Task:
         return self.sources[split]
 
 
-def task_options(cfg: Any) -> dict[str, Any]:
-    """The task's options: defaults overridden by what `cfg` sets.
-
-    Args:
-      cfg: a ConfigDict (or any object/mapping) with `name` and options.
-
-    Returns:
-      Option name -> value, for every option of the task.
-    """
+def task_kind(cfg: Any) -> str:
+    """'translation' or 'classification' for a task config (a catalog dataset says which in ``task.kind``)."""
     name = _get(cfg, "name", None)
+    return catalog.options(cfg)["kind"] if catalog.is_catalog(name) else TASK_KINDS[name]
+
+
+def task_options(cfg: Any) -> dict[str, Any]:
+    """The task's options: defaults overridden by what ``cfg`` (a ConfigDict, object or mapping) sets."""
+    name = _get(cfg, "name", None)
+    if catalog.is_catalog(name):
+        return catalog.options(cfg)
     if name not in DEFAULTS:
         raise ValueError(f"unknown task.name {name!r}; choose one of: {', '.join(TASKS)}")
     return {k: _get(cfg, k, v) for k, v in DEFAULTS[name].items()}
 
 
 def validate_task_config(cfg: Any) -> None:
-    """Checks a task config without preparing any data.
-
-    Args:
-      cfg: the task config.
-
-    Raises:
-      ValueError: one line naming the bad key and value.
-    """
+    """Checks a task config without preparing any data; raises a one-line ValueError naming the bad key."""
     opts = task_options(cfg)
     for key in _POSITIVE:
         if key in opts and not (isinstance(opts[key], int) and opts[key] > 0):
             raise ValueError(f"task.{key} must be a positive integer, got {opts[key]!r}")
+    if "spm_model_type" in opts and opts["spm_model_type"] not in spm.MODEL_TYPES:
+        raise ValueError(f"task.spm_model_type={opts['spm_model_type']!r} is not one of {spm.MODEL_TYPES}")
     name = _get(cfg, "name", None)
-    if name == "numbers":
-        for key in ("src_lang", "tgt_lang"):
-            if opts[key] not in CONVERTER_CLASSES:
-                raise ValueError(f"task.{key}={opts[key]!r} is not a num2words language")
-        if opts["max_value"] - opts["min_value"] < 9:
-            raise ValueError(
-                f"task.max_value={opts['max_value']!r} must be at least min_value+9 so every split gets integers"
-            )
-    else:
-        if opts["max_args"] < 2:
-            raise ValueError(f"task.max_args must be >= 2, got {opts['max_args']!r}")
-        if opts["min_length"] > opts["max_length"]:
-            raise ValueError(f"task.min_length={opts['min_length']} exceeds max_length={opts['max_length']}")
-        if opts["max_length"] < 4:
-            raise ValueError(f"task.max_length must be >= 4, got {opts['max_length']}")
-        reach = listops.max_tokens(opts["max_depth"], opts["max_args"])
-        if reach < opts["min_length"]:
-            raise ValueError(
-                f"task.min_length={opts['min_length']} is unreachable "
-                f"with max_depth={opts['max_depth']} and "
-                f"max_args={opts['max_args']} (at most {reach} tokens)"
-            )
+    if catalog.is_catalog(name):
+        catalog.check(name, opts)
+        return
+    checks = {"numbers": _check_numbers, "listops": _check_listops, "bible": _check_bible,
+              "sentiment": _check_sentiment, "digits": _check_digits}
+    checks[name](opts)
+
+
+def _check_numbers(opts: dict[str, Any]) -> None:
+    for key in ("src_lang", "tgt_lang"):
+        if opts[key] not in CONVERTER_CLASSES:
+            raise ValueError(f"task.{key}={opts[key]!r} is not a num2words language")
+    if opts["max_value"] - opts["min_value"] < 9:
+        raise ValueError(
+            f"task.max_value={opts['max_value']!r} must be at least min_value+9 so every split gets integers")
+
+
+def _check_listops(opts: dict[str, Any]) -> None:
+    if opts["max_args"] < 2:
+        raise ValueError(f"task.max_args must be >= 2, got {opts['max_args']!r}")
+    if opts["min_length"] > opts["max_length"]:
+        raise ValueError(f"task.min_length={opts['min_length']} exceeds max_length={opts['max_length']}")
+    if opts["max_length"] < 4:
+        raise ValueError(f"task.max_length must be >= 4, got {opts['max_length']}")
+    reach = listops.max_tokens(opts["max_depth"], opts["max_args"])
+    if reach < opts["min_length"]:
+        raise ValueError(f"task.min_length={opts['min_length']} is unreachable with max_depth={opts['max_depth']} "
+                         f"and max_args={opts['max_args']} (at most {reach} tokens)")
+
+
+def _check_bible(opts: dict[str, Any]) -> None:
+    for key in ("src", "tgt"):
+        if opts[key] not in bible.TRANSLATIONS:
+            raise ValueError(f"task.{key}={opts[key]!r} is not a public-domain translation; choose one of: "
+                             f"{', '.join(bible.TRANSLATIONS)}")
+    if opts["src"] == opts["tgt"]:
+        raise ValueError(f"task.src and task.tgt are both {opts['src']!r}")
+    bible.database_path()  # the optional package is installed (else one line naming the extra)
+
+
+def _check_sentiment(opts: dict[str, Any]) -> None:
+    sentiment.csv_path()
+
+
+def _check_digits(opts: dict[str, Any]) -> None:
+    digits.check_installed()
 
 
 def load_task(cfg: Any, data_dir: str | None = None) -> Task:
     """Prepares (first time only) and loads a task.
 
     Args:
-      cfg: the task config (`cfg.name` plus options, see DEFAULTS).
-      data_dir: where prepared data lives; defaults to $ATTN_LAB_DATA_DIR,
-        then ~/.cache/attn_lab/tensorflow_datasets.
+      cfg: the task config (``cfg.name`` plus options, see DEFAULTS).
+      data_dir: where prepared data lives; defaults to $ATTN_LAB_DATA_DIR, then
+        ~/.cache/attn_lab/tensorflow_datasets.
 
     Returns:
       The Task.
@@ -203,35 +207,48 @@ def load_task(cfg: Any, data_dir: str | None = None) -> Task:
     opts = task_options(cfg)
     name = _get(cfg, "name", None)
     data_dir = builders.resolve_data_dir(data_dir)
-    if name == "numbers":
-        config = numbers.numbers_config(
-            src_lang=opts["src_lang"],
-            tgt_lang=opts["tgt_lang"],
-            min_value=opts["min_value"],
-            max_value=opts["max_value"],
-            split_seed=opts["split_seed"],
-        )
-        builder = builders.prepare(numbers.Numbers, config, data_dir)
-        return Task(
-            name=name,
-            kind=TASK_KINDS[name],
-            vocab=_vocab(builder, "char"),
-            num_classes=None,
-            max_input_length=opts["max_input_length"],
-            max_target_length=opts["max_target_length"],
-            sources=_in_memory(builder),
-        )
-    config = listops.listops_config(**opts)
-    builder = builders.prepare(listops.Listops, config, data_dir)
-    return Task(
-        name=name,
-        kind=TASK_KINDS[name],
-        vocab=_vocab(builder, "word"),
-        num_classes=10,
-        max_input_length=opts["max_length"],
-        max_target_length=None,
-        sources=_in_memory(builder),
-    )
+    if catalog.is_catalog(name):
+        return Task(**catalog.load(name, opts, data_dir))
+    loaders = {"numbers": _load_numbers, "listops": _load_listops, "bible": _load_bible,
+               "sentiment": _load_sentiment, "digits": _load_digits}
+    return loaders[name](opts, data_dir)
+
+
+def _load_numbers(opts: dict[str, Any], data_dir: str) -> Task:
+    config = numbers.numbers_config(**{k: opts[k] for k in ("src_lang", "tgt_lang", "min_value", "max_value",
+                                                            "split_seed")})
+    builder = builders.prepare(numbers.Numbers, config, data_dir)
+    return Task("numbers", "translation", _vocab(builder, "char"), None, opts["max_input_length"],
+                opts["max_target_length"], _in_memory(builder))
+
+
+def _load_listops(opts: dict[str, Any], data_dir: str) -> Task:
+    builder = builders.prepare(listops.Listops, listops.listops_config(**opts), data_dir)
+    return Task("listops", "classification", _vocab(builder, "word"), 10, opts["max_length"], None,
+                _in_memory(builder))
+
+
+def _load_bible(opts: dict[str, Any], data_dir: str) -> Task:
+    builder = builders.prepare(bible.Bible, bible.bible_config(opts["src"], opts["tgt"], tuple(opts["books"])),
+                               data_dir)
+    sources = _in_memory(builder)
+    texts = [pipeline.as_text(r[k]) for r in sources["train"] for k in ("source", "target")]
+    vocab = spm.load_or_train(builder.data_dir, texts, opts["vocab_size"], opts["spm_model_type"])
+    return Task("bible", "translation", vocab, None, opts["max_input_length"], opts["max_target_length"], sources)
+
+
+def _load_sentiment(opts: dict[str, Any], data_dir: str) -> Task:
+    config = sentiment.sentiment_config(opts["split_seed"], opts["limit"])
+    builder = builders.prepare(sentiment.Sentiment, config, data_dir)
+    sources = _in_memory(builder)
+    texts = [pipeline.as_text(r["source"]) for r in sources["train"]]
+    vocab = spm.load_or_train(builder.data_dir, texts, opts["vocab_size"], opts["spm_model_type"])
+    return Task("sentiment", "classification", vocab, len(sentiment.LABELS), opts["max_length"], None, sources)
+
+
+def _load_digits(opts: dict[str, Any], data_dir: str) -> Task:
+    builder = builders.prepare(digits.Digits, digits.digits_config(opts["split_seed"]), data_dir)
+    return Task("digits", "classification", _vocab(builder, "word"), 10, 64, None, _in_memory(builder))
 
 
 def _in_memory(builder: tfds.core.DatasetBuilder) -> dict[str, list[dict]]:

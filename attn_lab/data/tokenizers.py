@@ -76,14 +76,7 @@ class Vocab:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Returns the text of `ids`, stopping at eos and skipping pad and bos."""
-        out = []
-        for i in ids:
-            i = int(i)
-            if i == EOS_ID:
-                break
-            if i in (PAD_ID, BOS_ID):
-                continue
-            out.append(self.tokens[i] if 0 <= i < len(self.tokens) else "<unk>")
+        out = [self.tokens[i] if 0 <= i < len(self.tokens) else "<unk>" for i in content_ids(ids)]
         return ("" if self.level == "char" else " ").join(out)
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -99,6 +92,17 @@ class Vocab:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         return cls(tuple(data["tokens"]), data["level"])
+
+
+def content_ids(ids: Sequence[int]) -> list[int]:
+    """The ids a decoder turns into text: up to the first eos, without pad and bos."""
+    out = []
+    for i in map(int, ids):
+        if i == EOS_ID:
+            break
+        if i not in (PAD_ID, BOS_ID):
+            out.append(i)
+    return out
 
 
 def _split(text: str, level: Level) -> list[str]:

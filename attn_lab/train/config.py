@@ -15,7 +15,7 @@ from ml_collections import config_dict
 
 from attn_lab.attention import KERNELS, build_kernel, validate_spec
 from attn_lab.attention.registry import default_options
-from attn_lab.data import TASK_KINDS, validate_task_config
+from attn_lab.data import task_kind, validate_task_config
 from attn_lab.models import KINDS, parse_head_mask
 from attn_lab.train.logging import check_wandb_mode
 
@@ -82,12 +82,12 @@ def _get(config: Any, dotted: str) -> Any:
     return config
 
 
-def _check_model(m: Any, task_kind: str) -> None:
+def _check_model(m: Any, task_type: str) -> None:
     if m.head_dim is None and m.d_model % m.num_heads:
         raise ValueError(f"model.num_heads={m.num_heads} does not divide model.d_model={m.d_model}; "
                          "set model.head_dim to decouple them")
     causal_kinds = {"decoder_self"}
-    for kind in KINDS if task_kind == "translation" else ("encoder_self",):
+    for kind in KINDS if task_type == "translation" else ("encoder_self",):
         over = m.kinds[kind]
         kv = over.num_kv_heads or m.num_kv_heads or m.num_heads
         if over.num_kv_heads is not None and over.num_kv_heads <= 0:
@@ -130,5 +130,5 @@ def validate_config(config: Any) -> None:
     if config.train.warmup_steps < 0:
         raise ValueError(f"train.warmup_steps must be >= 0, got {config.train.warmup_steps}")
     validate_task_config(config.task)
-    _check_model(config.model, TASK_KINDS[config.task.name])
+    _check_model(config.model, task_kind(config.task))
     check_wandb_mode(config.wandb.mode)

