@@ -7,7 +7,6 @@ import pytest
 import tensorflow_datasets as tfds
 
 from attn_lab.data import builders, load_task, validate_task_config
-from attn_lab.data.builders import bible
 from attn_lab.data.spm import SpmVocab, model_path
 
 

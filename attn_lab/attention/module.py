@@ -109,7 +109,8 @@ class MultiHeadAttention(nnx.Module):
         Args (beyond flax's):
           head_mask: ``[num_heads]`` or ``[batch, num_heads]`` multiplier of each head's output.
           sow_head_outputs: sow the masked per-head outputs ``[batch, q_len, num_heads, head_dim]`` as
-            ``nnx.Intermediate`` ``'head_outputs'`` (``sow_weights`` sows ``'attention_weights'``).
+            ``nnx.Intermediate`` ``'head_outputs'`` and the per-head values ``[batch, kv_len, num_kv_heads,
+            head_dim]`` as ``'values'`` (``sow_weights`` sows ``'attention_weights'``).
 
         Returns:
           ``[batch, q_len, out_features]``.
@@ -138,6 +139,7 @@ class MultiHeadAttention(nnx.Module):
             out = out * self._expand_head_mask(head_mask, out)  # (B, T, N, H)
         if sow_head_outputs:
             self.sow(nnx.Intermediate, "head_outputs", out)
+            self.sow(nnx.Intermediate, "values", value)  # (B, S, K, H), for value-subspace diversity
         return self.out(out)
 
     def _attend(self, query, key, value, mask, is_causal, dropout_rng, deterministic, sow_weights):

@@ -32,7 +32,7 @@ class Ctx:
     """What every block of one forward pass shares (masks, mode, captured intermediates)."""
     deterministic: bool = True
     rngs: nnx.Rngs | None = None
-    capture: bool = False
+    capture: bool | str = False  # True: attention maps and per-head outputs/values; 'heads': only the latter
     decode: bool = False
 
 
@@ -106,7 +106,7 @@ class Block(nnx.Module):
         def attend(layer, kind, mask, kv=None, causal=False, decode=False):
             return lambda h: layer(h, kv, mask=mask, is_causal=causal, head_mask=head_masks.get(kind),
                                    deterministic=ctx.deterministic, rngs=ctx.rngs, decode=decode,
-                                   sow_weights=ctx.capture, sow_head_outputs=ctx.capture)
+                                   sow_weights=ctx.capture is True, sow_head_outputs=bool(ctx.capture))
         x = self._residual(0, x, attend(self.self_attn, self.self_kind, self_mask, causal=is_causal and not ctx.decode,
                                         decode=ctx.decode), ctx)
         if self.cross_attn is not None:

@@ -17,6 +17,7 @@ from attn_lab.attention import KERNELS, build_kernel, validate_spec
 from attn_lab.attention.registry import default_options
 from attn_lab.data import task_kind, validate_task_config
 from attn_lab.models import KINDS, parse_head_mask
+from attn_lab.train import diversity
 from attn_lab.train.logging import check_wandb_mode
 
 
@@ -60,6 +61,7 @@ def base_config() -> ml_collections.ConfigDict:
         "weight_decay": 0.01, "label_smoothing": 0.1, "grad_clip": 1.0, "log_every": 50, "eval_every": 500,
         "checkpoint_every": 500, "max_eval_batches": config_dict.placeholder(int),
     })
+    c.loss = ml_collections.ConfigDict({"diversity": diversity.default_config()})
     c.eval = ml_collections.ConfigDict({"bleu_tokenize": "13a"})  # sacrebleu tokenizer ('char' for one-word targets)
     c.wandb = ml_collections.ConfigDict({"mode": "offline", "project": "attn_lab",
                                          "group": config_dict.placeholder(str), "tags": (),
@@ -82,7 +84,9 @@ def _get(config: Any, dotted: str) -> Any:
     return config
 
 
-def _check_model(m: Any, task_type: str) -> None:
+def _check_model(m: Any, task_type: str) -> dict[str, Any]:
+    """Checks the model block; returns the kernel each attention kind builds (one tiny instance each)."""
+    kernels = {}
     if m.head_dim is None and m.d_model % m.num_heads:
         raise ValueError(f"model.num_heads={m.num_heads} does not divide model.d_model={m.d_model}; "
                          "set model.head_dim to decouple them")
@@ -113,6 +117,8 @@ def _check_model(m: Any, task_type: str) -> None:
                             else m.num_layers, m.num_heads)
         except ValueError as e:
             raise ValueError(f"model.kinds.{kind}.{e}") from None
+        kernels[kind] = kernel
+    return kernels
 
 
 def validate_config(config: Any) -> None:
@@ -130,5 +136,6 @@ def validate_config(config: Any) -> None:
     if config.train.warmup_steps < 0:
         raise ValueError(f"train.warmup_steps must be >= 0, got {config.train.warmup_steps}")
     validate_task_config(config.task)
-    _check_model(config.model, task_kind(config.task))
+    kernels = _check_model(config.model, task_kind(config.task))
+    diversity.check_config(config.loss.diversity, kernels)
     check_wandb_mode(config.wandb.mode)

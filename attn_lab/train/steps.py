@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 
 from attn_lab.models import Ctx
+from attn_lab.train import diversity as diversity_lib
 from attn_lab.train import losses
 from attn_lab.train.seeds import seed_map
 
@@ -62,23 +63,34 @@ def forward(model: nnx.Module, batch: dict, kind: str, ctx: Ctx) -> tuple[jax.Ar
 
 
 def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTransformation, kind: str,
-               label_smoothing: float) -> tuple[dict, dict]:
-    """One optimizer step; dropout keys are ``fold_in(rng, step)`` so a resumed run replays the same noise."""
+               label_smoothing: float, diversity: Any = None) -> tuple[dict, dict]:
+    """One optimizer step; dropout keys are ``fold_in(rng, step)`` so a resumed run replays the same noise.
+
+    ``diversity`` (``config.loss.diversity``): when any regularizer has a positive weight, the forward pass captures
+    what it needs and the loss is task loss + the weighted regularizers (:mod:`attn_lab.train.diversity`).
+    """
     key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+    regularize = diversity is not None and diversity_lib.active(diversity)
 
     def loss_fn(params):
         model = merge(graphdef, state, params)
-        logits, labels, weights = forward(model, batch, kind, Ctx(deterministic=False, rngs=nnx.Rngs(dropout=key)))
+        ctx = Ctx(deterministic=False, rngs=nnx.Rngs(dropout=key),
+                  capture=diversity_lib.needs_capture(diversity) if regularize else False)
+        logits, labels, weights = forward(model, batch, kind, ctx)
         loss_sum, weight_sum = losses.cross_entropy(logits, labels, weights, label_smoothing)
-        aux = (losses.correct(logits, labels, weights), weight_sum, model_state(model))
-        return loss_sum / jnp.maximum(weight_sum, 1.0), aux
+        task_loss = loss_sum / jnp.maximum(weight_sum, 1.0)
+        reg, terms = diversity_lib.regularizer(model, diversity) if regularize else (0.0, {})
+        aux = (task_loss, terms, losses.correct(logits, labels, weights), weight_sum, model_state(model))
+        return task_loss + reg, aux
 
-    (loss, (hits, count, new_model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    (total, (loss, terms, hits, count, new_model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state["params"])
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     new_state = {**state, "step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
                  "model_state": new_model_state, "opt_state": opt_state}
     metrics = {"loss": loss, "accuracy": hits / jnp.maximum(count, 1.0), "grad_norm": optax.global_norm(grads),
-               "tokens": count}
+               "tokens": count, **({"total_loss": total} if regularize else {}),
+               **{f"diversity/{name}": value for name, value in terms.items()}}
     return new_state, metrics
 
 
@@ -91,10 +103,11 @@ def eval_step(state: dict, batch: dict, *, graphdef: Any, kind: str) -> dict:
 
 
 def compile_steps(graphdef: Any, tx: optax.GradientTransformation, kind: str, label_smoothing: float,
-                  num_seeds: int = 1) -> tuple[Callable, Callable]:
+                  num_seeds: int = 1, diversity: Any = None) -> tuple[Callable, Callable]:
     """The jitted train step (state donated: updated in place) and eval step, over a leading seed axis of the state
     (and of the train batch; eval batches are shared by all seeds)."""
-    train = functools.partial(train_step, graphdef=graphdef, tx=tx, kind=kind, label_smoothing=label_smoothing)
+    train = functools.partial(train_step, graphdef=graphdef, tx=tx, kind=kind, label_smoothing=label_smoothing,
+                              diversity=diversity)
     evaluate = functools.partial(eval_step, graphdef=graphdef, kind=kind)
     return (jax.jit(seed_map(train, num_seeds, (0, 0)), donate_argnums=(0,)),
             jax.jit(seed_map(evaluate, num_seeds, (0, None))))

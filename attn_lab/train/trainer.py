@@ -52,7 +52,8 @@ class Run:
         self.graphdef = nnx.split(models[0], nnx.Param, ...)[0]
         tx, n = make_optimizer(config.train), len(self.seeds)
         self.train_step, self.eval_step = compile_steps(self.graphdef, tx, self.task.kind,
-                                                        config.train.label_smoothing, num_seeds=n)
+                                                        config.train.label_smoothing, num_seeds=n,
+                                                        diversity=config.loss.diversity)
         self.decode = (compile_decode(self.graphdef, self.task.max_target_length, supports_cached_decoding(models[0]),
                                       num_seeds=n) if self.task.kind == "translation" else None)
         states = [init_state(nnx.to_pure_dict(nnx.state(m, nnx.Param)), model_state(m), tx, s)
