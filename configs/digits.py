@@ -12,14 +12,14 @@ def get_config(arg: str = "") -> "ml_collections.ConfigDict":  # noqa: F821
     c = base_config()
     c.task.name = "digits"
     c.task.split_seed = 0
-    c.model.positions = "learned"  # a pixel's place in the 8x8 grid matters more than sinusoidal distance
+    c.model.positions = "sinusoidal"  # measured: learned positions (init 0.02 beside unit-scale embeddings) reach 57%
     c.model.pooling = "mean"
     c.train.num_steps, c.train.batch_size, c.train.learning_rate = 3000, 32, 1e-3
     c.train.label_smoothing = 0.0
     if arg == "quick":
         c.model.num_layers, c.model.d_model, c.model.mlp_dim = 2, 64, 128
-        c.train.num_steps, c.train.warmup_steps = 1000, 100
-        c.train.eval_every = c.train.checkpoint_every = 500
+        c.train.num_steps, c.train.warmup_steps = 2000, 100
+        c.train.eval_every = c.train.checkpoint_every = 1000
     elif arg:
         raise ValueError(f"unknown preset '{arg}' for configs/digits.py; use '' or 'quick'")
     return c
