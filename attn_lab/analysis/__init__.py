@@ -1,0 +1,1 @@
+"""Head analysis of trained models: importance and masking ablations, per-head diagnostics."""

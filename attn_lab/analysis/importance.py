@@ -1,0 +1,145 @@
+"""Head importance and masking ablations (Michel et al. 2019, "Are Sixteen Heads Really Better than One?").
+
+Every attention kind of a model (encoder self, decoder self, cross) takes a head mask ``xi`` of shape ``[B, L, N]``
+at call time (1 = keep). A head's importance is ``I_h = E_x |dL(x)/d xi_h|`` at ``xi = 1``: with a per-example mask,
+one backward pass of the summed per-example losses gives every example's gradient, so the expectation of absolute
+values is exact and the whole split runs as jit-compiled batches.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attn_lab.models import Ctx
+from attn_lab.train import losses
+from attn_lab.train.steps import merge
+
+
+def mask_shapes(model: Any) -> dict[str, tuple[int, int]]:
+    """Attention kind -> (layers, heads) of a Seq2Seq or Classifier."""
+    shapes = {}
+    for stack in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
+        if stack is None:
+            continue
+        heads = stack.blocks[0].self_attn.num_heads
+        for kind in stack.kinds:
+            shapes[kind] = (len(stack.blocks), heads)
+    return shapes
+
+
+def ones(shapes: dict[str, tuple[int, int]], batch: int) -> dict[str, jax.Array]:
+    return {kind: jnp.ones((batch, *shape)) for kind, shape in shapes.items()}
+
+
+def example_losses(state: dict, batch: dict, head_masks: dict[str, jax.Array], *, graphdef: Any,
+                   kind: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-example mean loss ``[B]``, per-example accuracy ``[B]`` and example validity ``[B]`` under head masks."""
+    model = merge(graphdef, state)
+    if kind == "translation":
+        logits = model(batch["inputs"], batch["targets"], Ctx(), head_masks=head_masks)  # (B, T, V)
+        labels, weights = batch["targets"], (batch["targets"] != 0).astype(jnp.float32)  # (B, T)
+        token = jax.vmap(lambda lg, lb, w: jnp.stack(losses.cross_entropy(lg, lb, w)))(logits, labels, weights)
+        count = jnp.maximum(token[:, 1], 1.0)
+        hits = ((logits.argmax(-1) == labels) * weights).sum(-1)
+        return token[:, 0] / count, hits / count, (token[:, 1] > 0).astype(jnp.float32)
+    logits = model(batch["inputs"], Ctx(), head_masks=head_masks)  # (B, C)
+    per = jax.vmap(lambda lg, lb: losses.cross_entropy(lg, lb, jnp.ones(()))[0])(logits, batch["targets"])
+    return per, (logits.argmax(-1) == batch["targets"]).astype(jnp.float32), batch["mask"].astype(jnp.float32)
+
+
+def compile_analysis(graphdef: Any, kind: str) -> tuple[Callable, Callable]:
+    """(scores, importance_sums) jitted: per-example scores under masks, and sum_x |dL(x)/d xi| per kind."""
+    per_example = functools.partial(example_losses, graphdef=graphdef, kind=kind)
+
+    def importance_sums(state, batch, head_masks):
+        def total(masks):
+            loss, _, valid = per_example(state, batch, masks)
+            return (loss * valid).sum()
+        grads = jax.grad(total)(head_masks)  # kind -> (B, L, N): each row is one example's gradient
+        return {k: jnp.abs(g).sum(0) for k, g in grads.items()}  # (L, N)
+
+    return jax.jit(per_example), jax.jit(importance_sums)
+
+
+def head_importance(state: dict, batches: Iterable[dict], shapes: dict[str, tuple[int, int]],
+                    importance_sums: Callable, normalize: bool = False) -> dict[str, np.ndarray]:
+    """``I_h = E_x |dL(x)/d xi_h|`` per kind ``[L, N]`` over ``batches``; ``normalize``: unit l2 norm per layer."""
+    sums = {k: np.zeros(s) for k, s in shapes.items()}
+    count = 0.0
+    for batch in batches:
+        rows = batch["inputs"].shape[0]
+        for k, v in importance_sums(state, batch, ones(shapes, rows)).items():
+            sums[k] += np.asarray(v)
+        count += float(_valid(batch).sum())
+    out = {k: v / max(count, 1.0) for k, v in sums.items()}
+    if normalize:  # Michel et al.: per-layer l2 normalization before comparing heads across layers
+        out = {k: v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12) for k, v in out.items()}
+    return out
+
+
+def _valid(batch: dict) -> np.ndarray:
+    if "mask" in batch:
+        return np.asarray(batch["mask"])
+    return (np.asarray(batch["targets"]) != 0).any(-1).astype(np.float32)
+
+
+def scores_under(state: dict, batches: list[dict], masks: dict[str, np.ndarray], scores: Callable) -> np.ndarray:
+    """Per-example accuracy (token accuracy for translation) over ``batches`` with static masks ``[L, N]``."""
+    out = []
+    for batch in batches:
+        rows = batch["inputs"].shape[0]
+        tiled = {k: jnp.broadcast_to(jnp.asarray(m), (rows, *m.shape)) for k, m in masks.items()}
+        _, acc, valid = scores(state, batch, tiled)
+        out.append(np.asarray(acc)[np.asarray(valid) > 0])
+    return np.concatenate(out)
+
+
+def paired_bootstrap(base: np.ndarray, other: np.ndarray, samples: int = 1000, seed: int = 0) -> float:
+    """p-value that ``other`` is not worse than ``base`` (share of resamples where its mean is >= base's)."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(base), size=(samples, len(base)))
+    return float(((other[idx].mean(1) - base[idx].mean(1)) >= 0).mean())
+
+
+def single_head_ablation(state: dict, batches: list[dict], shapes: dict[str, tuple[int, int]],
+                         scores: Callable) -> dict[str, Any]:
+    """Each head masked alone: the metric's change and its paired-bootstrap p-value, per kind ``[L, N]``."""
+    full = {k: np.ones(s) for k, s in shapes.items()}
+    base = scores_under(state, batches, full, scores)
+    out: dict[str, Any] = {"baseline": float(base.mean())}
+    for kind, (layers, heads) in shapes.items():
+        delta, p = np.zeros((layers, heads)), np.zeros((layers, heads))
+        for layer in range(layers):
+            for head in range(heads):
+                masks = {k: v.copy() for k, v in full.items()}
+                masks[kind][layer, head] = 0.0
+                ablated = scores_under(state, batches, masks, scores)
+                delta[layer, head] = ablated.mean() - base.mean()
+                p[layer, head] = paired_bootstrap(base, ablated)
+        out[kind] = {"delta": delta.tolist(), "p_not_worse": p.tolist()}
+    return out
+
+
+def all_but_one(state: dict, batches: list[dict], shapes: dict[str, tuple[int, int]],
+                scores: Callable) -> dict[str, Any]:
+    """Michel et al. Table 2: per layer and kind, the metric keeping only the best single head (others masked)."""
+    full = {k: np.ones(s) for k, s in shapes.items()}
+    base = float(scores_under(state, batches, full, scores).mean())
+    out: dict[str, Any] = {"baseline": base}
+    for kind, (layers, heads) in shapes.items():
+        rows = []
+        for layer in range(layers):
+            best = (-np.inf, -1)
+            for head in range(heads):
+                masks = {k: v.copy() for k, v in full.items()}
+                masks[kind][layer] = 0.0
+                masks[kind][layer, head] = 1.0
+                best = max(best, (float(scores_under(state, batches, masks, scores).mean()), head))
+            rows.append({"layer": layer, "best_head": best[1], "score": best[0], "delta": best[0] - base})
+        out[kind] = rows
+    return out

@@ -1,0 +1,80 @@
+"""A finished run, loaded for analysis: its config, task, model graph and restored state (no logger, no W&B)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from attn_lab.data import Task, load_task
+from attn_lab.models import Ctx, build_model
+from attn_lab.train.checkpoint import Checkpointer
+from attn_lab.train.diversity import attention_layers
+from attn_lab.train.steps import forward, init_state, make_optimizer, merge, model_state
+
+
+@dataclasses.dataclass
+class FinishedRun:
+    config: ml_collections.ConfigDict
+    task: Task
+    graphdef: Any
+    state: dict
+    step: int
+
+    @property
+    def kind(self) -> str:
+        return self.task.kind
+
+    def batches(self, split: str, max_batches: int | None = None) -> list[dict]:
+        ds = self.task.dataset(split, self.config.train.batch_size, train=False)
+        n = len(ds) if max_batches is None else min(len(ds), max_batches)
+        return [ds[i] for i in range(n)]
+
+
+def load_finished_run(workdir: str) -> FinishedRun:
+    """Rebuilds the model from ``workdir/config.json`` and restores its latest checkpoint."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise ValueError(f"{workdir} is not a run folder (no config.json)")
+    with open(path) as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    task = load_task(config.task, config.task.data_dir)
+    max_len = max(task.max_input_length, task.max_target_length or 0) + 1
+    model = build_model(config.model, kind=task.kind, vocab_size=task.vocab.size, max_len=max_len,
+                        num_classes=task.num_classes, seed=config.seed)
+    graphdef, params, _ = nnx.split(model, nnx.Param, ...)
+    state = init_state(nnx.to_pure_dict(params), model_state(model), make_optimizer(config.train), config.seed)
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+    try:
+        step = ckpt.latest_step()
+        if step is None:
+            raise ValueError(f"{workdir} has no checkpoint to analyze")
+        state = ckpt.restore(state, step)
+    finally:
+        ckpt.close()
+    return FinishedRun(config, task, graphdef, state, int(step))
+
+
+def capture_maps(run: FinishedRun, batch: dict) -> dict[str, dict[str, np.ndarray]]:
+    """``'<kind>/<layer>'`` -> attention_weights ``[B, N, T, S]``, head_outputs and key validity ``[B, S]``."""
+    @jax.jit
+    def captured(state, batch):
+        model = merge(run.graphdef, state)
+        forward(model, batch, run.kind, Ctx(capture=True))
+        return {f"{kind}/{layer}": {k: v[0] for k, v in nnx.to_pure_dict(nnx.pop(attn, nnx.Intermediate)).items()}
+                for kind, layer, attn in attention_layers(model)}
+
+    out = {}
+    for name, values in captured(run.state, batch).items():
+        maps = np.asarray(values["attention_weights"])
+        keys = np.asarray(batch["targets"] if name.startswith("decoder_self") else batch["inputs"]) != 0
+        if maps.shape[-1] == keys.shape[-1] + 1:  # classifier with a CLS token in front
+            keys = np.pad(keys, ((0, 0), (1, 0)), constant_values=True)
+        out[name] = {"maps": maps, "valid_keys": keys, "head_outputs": np.asarray(values["head_outputs"])}
+    return out

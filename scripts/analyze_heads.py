@@ -1,0 +1,103 @@
+"""Head analysis of a finished run: importance, masking ablations and per-head diagnostics.
+
+  python scripts/analyze_heads.py --workdir runs/numbers_quick --what importance,ablate,diagnose
+
+Writes ``<workdir>/analysis/{importance,ablate,diagnose}.json`` and a layer x head grid PNG per statistic.
+Importance and ablations use the validation split (``--split``); ablations score per-example (token) accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+METHODS = ("importance", "ablate", "diagnose")
+NOT_YET = ("prune", "gates")  # planned (issue 5): iterative/structural pruning and L0 gates
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--what", default=",".join(METHODS), help=f"comma-separated from {', '.join(METHODS)}")
+    p.add_argument("--split", default="validation")
+    p.add_argument("--max-batches", type=int, default=8, help="batches of the split to use")
+    p.add_argument("--normalize", action="store_true", help="importance: unit l2 norm per layer (Michel et al.)")
+    args = p.parse_args(argv)
+    args.what = [w.strip() for w in args.what.split(",") if w.strip()]
+    for w in args.what:
+        if w in NOT_YET:
+            p.error(f"--what {w}: not implemented yet (tracked in the issues); available: {', '.join(METHODS)}")
+        if w not in METHODS:
+            p.error(f"--what {w}: unknown; choose from {', '.join(METHODS)}")
+    return args
+
+
+def grid_plot(path: str, grids: dict[str, np.ndarray], title: str) -> None:
+    """One layer x head heatmap per attention kind, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(grids), figsize=(4 * len(grids), 3), squeeze=False)
+    for ax, (kind, grid) in zip(axes[0], grids.items()):
+        im = ax.imshow(np.asarray(grid), cmap="viridis", aspect="auto")
+        ax.set(title=kind, xlabel="head", ylabel="layer")
+        fig.colorbar(im, ax=ax)
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    from attn_lab.analysis import diagnostics, importance
+    from attn_lab.analysis.run import capture_maps, load_finished_run
+    from attn_lab.train.logging import write_json_atomic
+    from attn_lab.train.steps import merge
+
+    try:
+        run = load_finished_run(args.workdir)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    out_dir = os.path.join(args.workdir, "analysis")
+    os.makedirs(out_dir, exist_ok=True)
+    batches = run.batches(args.split, args.max_batches)
+    shapes = importance.mask_shapes(merge(run.graphdef, run.state))
+    scores, importance_sums = importance.compile_analysis(run.graphdef, run.kind)
+    if "importance" in args.what:
+        imp = importance.head_importance(run.state, batches, shapes, importance_sums, args.normalize)
+        write_json_atomic(os.path.join(out_dir, "importance.json"), {k: v.tolist() for k, v in imp.items()})
+        grid_plot(os.path.join(out_dir, "importance.png"), imp, "head importance E|dL/dxi|")
+        print("importance:", {k: np.round(v, 4).tolist() for k, v in imp.items()})
+    if "ablate" in args.what:
+        single = importance.single_head_ablation(run.state, batches, shapes, scores)
+        keep_one = importance.all_but_one(run.state, batches, shapes, scores)
+        write_json_atomic(os.path.join(out_dir, "ablate.json"), {"single_head": single, "all_but_one": keep_one})
+        grid_plot(os.path.join(out_dir, "ablate.png"), {k: single[k]["delta"] for k in shapes},
+                  "accuracy change with the head masked")
+        print("all-but-one:", {k: [round(r["delta"], 4) for r in keep_one[k]] for k in shapes})
+    if "diagnose" in args.what:
+        layers = {name: diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"])
+                  for name, c in capture_maps(run, batches[0]).items()}
+        write_json_atomic(os.path.join(out_dir, "diagnose.json"), layers)
+        for stat in ("entropy", "distance", "self", "first"):
+            grid_plot(os.path.join(out_dir, f"diagnose_{stat}.png"), _grids(layers, shapes, stat), stat)
+        print("flags:", {name: r["flags"] for name, r in layers.items()})
+    print(f"wrote {out_dir}")
+    return 0
+
+
+def _grids(layers: dict, shapes: dict, stat: str) -> dict[str, np.ndarray]:
+    return {kind: np.array([layers[f"{kind}/{layer}"][stat] for layer in range(n_layers)])
+            for kind, (n_layers, _) in shapes.items()}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

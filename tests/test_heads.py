@@ -1,0 +1,115 @@
+"""Head analysis: importance against finite differences, zero-importance heads, diagnostics on hand-built maps,
+and the script on a finished run."""
+
+import json
+import os
+
+import jax
+import numpy as np
+from flax import nnx
+
+from attn_lab.analysis import diagnostics, importance
+from attn_lab.models import build_model
+from attn_lab.train.config import base_config
+from attn_lab.train.steps import init_state, make_optimizer, model_state
+
+
+def _tiny_state(zero_head=None):
+    c = base_config()
+    c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.num_heads, c.model.dropout = 1, 16, 32, 2, 0.0
+    model = build_model(c.model, kind="translation", vocab_size=12, max_len=9, seed=0)
+    graphdef, params, _ = nnx.split(model, nnx.Param, ...)
+    params = nnx.to_pure_dict(params)
+    if zero_head is not None:  # the head's slice of the output projection: it contributes nothing
+        out = params["encoder"]["blocks"][0]["self_attn"]["out"]
+        out["kernel"] = out["kernel"].at[zero_head].set(0.0)
+    state = init_state(params, model_state(model), make_optimizer(c.train), 0)
+    inputs = np.array(jax.random.randint(jax.random.key(1), (3, 6), 4, 12))
+    inputs[2, 4:] = 0  # padding
+    targets = np.array(jax.random.randint(jax.random.key(2), (3, 5), 4, 12))
+    targets[1, 3:] = 0
+    return model, graphdef, state, {"inputs": inputs, "targets": targets}
+
+
+def test_importance_equals_finite_differences():
+    model, graphdef, state, batch = _tiny_state()
+    shapes = importance.mask_shapes(model)
+    assert shapes == {"encoder_self": (1, 2), "decoder_self": (1, 2), "cross": (1, 2)}
+    scores, sums = importance.compile_analysis(graphdef, "translation")
+    got = importance.head_importance(state, [batch], shapes, sums)
+    eps = 1e-2
+    for kind in shapes:
+        for head in range(2):
+            diffs = []
+            for sign in (1, -1):
+                masks = importance.ones(shapes, 3)
+                masks[kind] = masks[kind].at[:, 0, head].set(1 + sign * eps)
+                diffs.append(np.asarray(scores(state, batch, masks)[0]))
+            fd = np.abs((diffs[0] - diffs[1]) / (2 * eps)).mean()
+            np.testing.assert_allclose(got[kind][0, head], fd, rtol=2e-2, atol=1e-6, err_msg=f"{kind} {head}")
+    assert all(v.max() > 0 for v in got.values())
+
+
+def test_masking_a_zero_importance_head_changes_nothing():
+    model, graphdef, state, batch = _tiny_state(zero_head=1)
+    shapes = importance.mask_shapes(model)
+    scores, sums = importance.compile_analysis(graphdef, "translation")
+    imp = importance.head_importance(state, [batch], shapes, sums)
+    assert imp["encoder_self"][0, 1] == 0.0 and imp["encoder_self"][0, 0] > 0
+    full = importance.ones(shapes, 3)
+    masked = {**full, "encoder_self": full["encoder_self"].at[:, 0, 1].set(0.0)}
+    np.testing.assert_array_equal(scores(state, batch, full)[0], scores(state, batch, masked)[0])
+    other = {**full, "encoder_self": full["encoder_self"].at[:, 0, 0].set(0.0)}
+    assert not np.allclose(scores(state, batch, full)[0], scores(state, batch, other)[0])
+
+
+def test_diagnostics_on_hand_built_maps():
+    b, n, t = 2, 4, 5
+    valid = np.ones((b, t), bool)
+    uniform = np.full((b, 1, t, t), 1.0 / t)
+    diagonal = np.broadcast_to(np.eye(t), (b, 1, t, t))
+    first = np.zeros((b, 1, t, t))
+    first[..., 0] = 1.0
+    maps = np.concatenate([uniform, diagonal, first, first], axis=1)  # heads: uniform, diagonal, first, first
+    np.testing.assert_allclose(diagnostics.normalized_entropy(maps, valid), [1, 0, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(diagnostics.mean_distance(maps, valid)[1], 0.0)
+    np.testing.assert_allclose(diagnostics.mean_distance(maps, valid)[2], np.arange(t).mean())
+    bias = diagnostics.position_bias(maps, valid)
+    np.testing.assert_allclose(bias["self"], [1 / t, 1, 1 / t, 1 / t], atol=1e-6)
+    np.testing.assert_allclose(bias["first"][2:], 1.0)
+    div = diagnostics.pairwise_divergences(maps, valid)
+    assert abs(div["js"][2, 3]) < 1e-9 and abs(div["js"][1, 2] - np.log(2) * (t - 1) / t) < 1e-6
+    outputs = np.ones((b, t, n, 3))
+    outputs[:, :, 0] = 0.0  # the uniform head is dead
+    report = diagnostics.layer_report(maps, valid, outputs)
+    assert report["flags"] == {"dead": [0], "diagonal": [1], "clumping": [2, 3], "duplicate": [[2, 3], [3, 2]]}
+    np.testing.assert_allclose(diagnostics.normalized_entropy(uniform[:, :, :, :3] * t / 3, valid[:, :3]), [1.0])
+
+
+def test_analyze_heads_script_on_a_finished_run(tmp_path):
+    import importlib.util
+
+    from attn_lab.train.trainer import train_and_evaluate
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("cfg", os.path.join(root, "configs", "listops.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config("quick")
+    c.task.data_dir, c.task.num_train, c.task.num_validation, c.task.num_test = str(tmp_path / "d"), 64, 16, 16
+    c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.num_heads = 2, 32, 64, 2
+    c.train.update({"num_steps": 2, "batch_size": 8, "log_every": 1, "eval_every": 2, "checkpoint_every": 2})
+    c.wandb.mode = "disabled"
+    train_and_evaluate(c, str(tmp_path / "run"))
+    spec = importlib.util.spec_from_file_location("analyze", os.path.join(root, "scripts", "analyze_heads.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--workdir", str(tmp_path / "run"), "--max-batches", "1"]) == 0
+    out = tmp_path / "run" / "analysis"
+    imp = json.loads((out / "importance.json").read_text())
+    assert np.asarray(imp["encoder_self"]).shape == (2, 2)
+    ablate = json.loads((out / "ablate.json").read_text())
+    assert len(ablate["all_but_one"]["encoder_self"]) == 2
+    diag = json.loads((out / "diagnose.json").read_text())
+    assert set(diag) == {"encoder_self/0", "encoder_self/1"} and len(diag["encoder_self/0"]["entropy"]) == 2
+    assert (out / "importance.png").stat().st_size > 0 and (out / "diagnose_entropy.png").exists()
