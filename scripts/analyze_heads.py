@@ -1,8 +1,9 @@
 """Head analysis of a finished run: importance, masking ablations and per-head diagnostics.
 
-  python scripts/analyze_heads.py --workdir runs/numbers_quick --what importance,ablate,diagnose
+  python scripts/analyze_heads.py --workdir runs/numbers_quick --what importance,ablate,prune,diagnose
 
-Writes ``<workdir>/analysis/{importance,ablate,diagnose}.json`` and a layer x head grid PNG per statistic.
+Writes ``<workdir>/analysis/{importance,ablate,prune,diagnose}.json``, a layer x head grid PNG per statistic and the
+pruning curves (importance order vs reverse vs random).
 Importance and ablations use the validation split (``--split``); ablations score per-example (token) accuracy.
 """
 
@@ -14,8 +15,8 @@ import sys
 
 import numpy as np
 
-METHODS = ("importance", "ablate", "diagnose")
-NOT_YET = ("prune", "gates")  # planned (issue 5): iterative/structural pruning and L0 gates
+METHODS = ("importance", "ablate", "prune", "diagnose")
+NOT_YET = ("gates",)  # planned (issue 5): L0 gates; structural pruning is not built either
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -25,6 +26,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--split", default="validation")
     p.add_argument("--max-batches", type=int, default=8, help="batches of the split to use")
     p.add_argument("--normalize", action="store_true", help="importance: unit l2 norm per layer (Michel et al.)")
+    p.add_argument("--rescore", action="store_true", help="prune: re-score importance before every step")
+    p.add_argument("--prune-fraction", type=float, default=0.1, help="prune: share of all heads removed per step")
     args = p.parse_args(argv)
     args.what = [w.strip() for w in args.what.split(",") if w.strip()]
     for w in args.what:
@@ -55,9 +58,28 @@ def grid_plot(path: str, grids: dict[str, np.ndarray], title: str) -> None:
     os.replace(tmp, path)
 
 
+def curve_plot(path: str, curves: dict[str, list[dict]]) -> None:
+    """Metric vs % of heads pruned, one line per pruning order."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for order, curve in curves.items():
+        ax.plot([p["percent"] for p in curve], [p["score"] for p in curve], marker="o", label=order)
+    ax.set(xlabel="% of heads pruned", ylabel="accuracy", title="iterative head pruning")
+    ax.legend()
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    from attn_lab.analysis import diagnostics, importance
+    from attn_lab.analysis import diagnostics, importance, pruning
     from attn_lab.analysis.run import capture_maps, load_finished_run
     from attn_lab.train.logging import write_json_atomic
     from attn_lab.train.steps import merge
@@ -83,6 +105,13 @@ def main(argv: list[str]) -> int:
         grid_plot(os.path.join(out_dir, "ablate.png"), {k: single[k]["delta"] for k in shapes},
                   "accuracy change with the head masked")
         print("all-but-one:", {k: [round(r["delta"], 4) for r in keep_one[k]] for k in shapes})
+    if "prune" in args.what:
+        curves = {order: pruning.pruning_curve(run.state, batches, shapes, scores, importance_sums, order=order,
+                                               fraction=args.prune_fraction, rescore=args.rescore)
+                  for order in pruning.ORDERS}
+        write_json_atomic(os.path.join(out_dir, "prune.json"), curves)
+        curve_plot(os.path.join(out_dir, "prune.png"), curves)
+        print("prune:", {o: [round(p["score"], 4) for p in c] for o, c in curves.items()})
     if "diagnose" in args.what:
         layers = {name: diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"])
                   for name, c in capture_maps(run, batches[0]).items()}

@@ -63,6 +63,24 @@ def test_masking_a_zero_importance_head_changes_nothing():
     assert not np.allclose(scores(state, batch, full)[0], scores(state, batch, other)[0])
 
 
+def test_pruning_removes_the_zero_importance_head_first_and_keeps_one_head():
+    from attn_lab.analysis.pruning import pruning_curve
+
+    model, graphdef, state, batch = _tiny_state(zero_head=1)
+    shapes = importance.mask_shapes(model)
+    scores, sums = importance.compile_analysis(graphdef, "translation")
+    for rescore in (False, True):
+        curve = pruning_curve(state, [batch], shapes, scores, sums, order="importance", fraction=1 / 6,
+                              rescore=rescore)
+        assert [p["pruned"] for p in curve] == [0, 1, 2, 3, 4, 5]
+        assert curve[1]["score"] == curve[0]["score"]  # the head with importance 0 goes first and changes nothing
+    reverse = pruning_curve(state, [batch], shapes, scores, sums, order="reverse", fraction=0.5)
+    assert [p["percent"] for p in reverse] == [0.0, 50.0]
+    randoms = [pruning_curve(state, [batch], shapes, scores, sums, order="random", fraction=1 / 6, seed=s)
+               for s in (0, 0, 1)]
+    assert randoms[0] == randoms[1]
+
+
 def test_diagnostics_on_hand_built_maps():
     b, n, t = 2, 4, 5
     valid = np.ones((b, t), bool)
@@ -104,7 +122,7 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     spec = importlib.util.spec_from_file_location("analyze", os.path.join(root, "scripts", "analyze_heads.py"))
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    assert script.main(["--workdir", str(tmp_path / "run"), "--max-batches", "1"]) == 0
+    assert script.main(["--workdir", str(tmp_path / "run"), "--max-batches", "1", "--prune-fraction", "0.5"]) == 0
     out = tmp_path / "run" / "analysis"
     imp = json.loads((out / "importance.json").read_text())
     assert np.asarray(imp["encoder_self"]).shape == (2, 2)
@@ -113,3 +131,5 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     diag = json.loads((out / "diagnose.json").read_text())
     assert set(diag) == {"encoder_self/0", "encoder_self/1"} and len(diag["encoder_self/0"]["entropy"]) == 2
     assert (out / "importance.png").stat().st_size > 0 and (out / "diagnose_entropy.png").exists()
+    prune = json.loads((out / "prune.json").read_text())
+    assert set(prune) == {"importance", "reverse", "random"} and (out / "prune.png").exists()
