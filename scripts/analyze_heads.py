@@ -38,43 +38,45 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def grid_plot(path: str, grids: dict[str, np.ndarray], title: str) -> None:
-    """One layer x head heatmap per attention kind, side by side."""
+def _pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: str) -> None:
+    """Writes the PNG atomically (a temp file renamed into place) and frees the figure."""
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    _pyplot().close(fig)
+    os.replace(tmp, path)
+
+
+def grid_plot(path: str, grids: dict[str, np.ndarray], title: str) -> None:
+    """One layer x head heatmap per attention kind, side by side."""
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(grids), figsize=(4 * len(grids), 3), squeeze=False)
     for ax, (kind, grid) in zip(axes[0], grids.items()):
         im = ax.imshow(np.asarray(grid), cmap="viridis", aspect="auto")
         ax.set(title=kind, xlabel="head", ylabel="layer")
         fig.colorbar(im, ax=ax)
     fig.suptitle(title)
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    _save(fig, path)
 
 
 def curve_plot(path: str, curves: dict[str, list[dict]]) -> None:
     """Metric vs % of heads pruned, one line per pruning order."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for order, curve in curves.items():
         ax.plot([p["percent"] for p in curve], [p["score"] for p in curve], marker="o", label=order)
     ax.set(xlabel="% of heads pruned", ylabel="accuracy", title="iterative head pruning")
     ax.legend()
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    _save(fig, path)
 
 
 def main(argv: list[str]) -> int:
