@@ -182,12 +182,23 @@ def test_vectorized_seeds_equal_separate_runs(tmp_path, data_dir):
     config = tiny_numbers(data_dir, batch_size=4)  # small batches: the seeds' bucket lengths differ at some steps
     config.model.dropout, config.wandb.mode = 0.0, "disabled"
     task = load_task(config.task, data_dir)
+    joint_config = config.copy_and_resolve_references()
+    joint_config.wandb.mode = "offline"  # each seed must get its own W&B run, in one process
     shapes = [[task.dataset("train", 4, train=True, seed=s)[i]["targets"].shape for s in (0, 1)] for i in range(12)]
     assert any(a != b for a, b in shapes), "the seeds' batches should differ in length (padding is exercised)"
     separate = [train_and_evaluate(_seeded(config, s), str(tmp_path / f"alone{s}")) for s in (0, 1)]
     dirs = [str(tmp_path / f"vmap{s}") for s in (0, 1)]
-    assert train_seeds(config, dirs, [0, 1], stop_after=6) == [{"step": 6, "finished": False}] * 2
-    together = train_seeds(config, dirs, [0, 1])
+    assert train_seeds(joint_config, dirs, [0, 1], stop_after=6) == [{"step": 6, "finished": False}] * 2
+    together = train_seeds(joint_config, dirs, [0, 1])
+    run_ids = [open(os.path.join(d, "wandb_run_id.txt")).read().strip() for d in dirs]
+    assert run_ids[0] != run_ids[1]
+    for s, (d, run_id) in enumerate(zip(dirs, run_ids)):
+        run_files = glob.glob(os.path.join(d, "wandb", "offline-run-*", "run-*.wandb"))  # first part + resumed part
+        assert len(run_files) == 2 and all(run_id in f for f in run_files)
+        records = "".join(subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", f],
+                                         capture_output=True, text=True, timeout=60).stdout for f in run_files)
+        assert f'"seed":{s},"task"' in records and f'"seed":{1 - s},"task"' not in records  # its own config
+        assert "test/bleu" in records
     assert separate[0]["final"]["test"] != separate[1]["final"]["test"]  # the seeds really differ
     for s, (alone, joint) in enumerate(zip(separate, together)):
         assert joint["config"]["seed"] == s and joint["seeds_vectorized"] == 2

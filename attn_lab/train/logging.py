@@ -280,7 +280,7 @@ class MetricLogger:
             run = wandb.init(
                 dir=str(workdir), mode=mode, project=project, group=group, tags=list(tags),
                 name=name, config=config, id=run_id, resume="allow" if run_id else None,
-                settings=settings,
+                settings=settings, reinit="create_new",  # vectorized seeds: one live run per seed in one process
             )
         id_path.write_text(run.id + "\n")
         return run
