@@ -133,3 +133,28 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     assert (out / "importance.png").stat().st_size > 0 and (out / "diagnose_entropy.png").exists()
     prune = json.loads((out / "prune.json").read_text())
     assert set(prune) == {"importance", "reverse", "random"} and (out / "prune.png").exists()
+
+
+def test_heads_track_logs_per_head_diagnostics_at_each_evaluation(tmp_path):
+    import importlib.util
+
+    from attn_lab.train.trainer import train_and_evaluate
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("cfg", os.path.join(root, "configs", "numbers.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config("quick")
+    c.task.data_dir, c.task.max_value = str(tmp_path / "d"), 199
+    c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.num_heads = 1, 32, 64, 2
+    c.train.update({"num_steps": 4, "batch_size": 16, "log_every": 2, "eval_every": 2, "checkpoint_every": 4,
+                    "max_eval_batches": 1})
+    c.wandb.mode, c.heads.track = "disabled", True
+    train_and_evaluate(c, str(tmp_path / "run"))
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    tracked = [line for line in lines if "heads/encoder_self/0/entropy/h0" in line]
+    assert [line["step"] for line in tracked] == [2, 4]
+    for kind in ("encoder_self", "decoder_self", "cross"):
+        for head in (0, 1):
+            assert 0.0 <= tracked[-1][f"heads/{kind}/0/entropy/h{head}"] <= 1.0 + 1e-6
+        assert tracked[-1][f"heads/{kind}/0/dead_heads"] >= 0

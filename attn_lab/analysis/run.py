@@ -12,11 +12,11 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from attn_lab.analysis.capture import as_layers, capture_step
 from attn_lab.data import Task, load_task
-from attn_lab.models import Ctx, build_model
+from attn_lab.models import build_model
 from attn_lab.train.checkpoint import Checkpointer
-from attn_lab.train.diversity import attention_layers
-from attn_lab.train.steps import forward, init_state, make_optimizer, merge, model_state
+from attn_lab.train.steps import init_state, make_optimizer, model_state
 
 
 @dataclasses.dataclass
@@ -62,19 +62,5 @@ def load_finished_run(workdir: str) -> FinishedRun:
 
 
 def capture_maps(run: FinishedRun, batch: dict) -> dict[str, dict[str, np.ndarray]]:
-    """``'<kind>/<layer>'`` -> attention_weights ``[B, N, T, S]``, head_outputs and key validity ``[B, S]``."""
-    @jax.jit
-    def captured(state, batch):
-        model = merge(run.graphdef, state)
-        forward(model, batch, run.kind, Ctx(capture=True))
-        return {f"{kind}/{layer}": {k: v[0] for k, v in nnx.to_pure_dict(nnx.pop(attn, nnx.Intermediate)).items()}
-                for kind, layer, attn in attention_layers(model)}
-
-    out = {}
-    for name, values in captured(run.state, batch).items():
-        maps = np.asarray(values["attention_weights"])
-        keys = np.asarray(batch["targets"] if name.startswith("decoder_self") else batch["inputs"]) != 0
-        if maps.shape[-1] == keys.shape[-1] + 1:  # classifier with a CLS token in front
-            keys = np.pad(keys, ((0, 0), (1, 0)), constant_values=True)
-        out[name] = {"maps": maps, "valid_keys": keys, "head_outputs": np.asarray(values["head_outputs"])}
-    return out
+    """``'<kind>/<layer>'`` -> attention maps ``[B, N, T, S]``, head outputs and key validity ``[B, S]``."""
+    return as_layers(jax.jit(capture_step(run.graphdef, run.kind))(run.state, batch), batch)

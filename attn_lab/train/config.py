@@ -62,6 +62,7 @@ def base_config() -> ml_collections.ConfigDict:
         "checkpoint_every": 500, "max_eval_batches": config_dict.placeholder(int),
     })
     c.loss = ml_collections.ConfigDict({"diversity": diversity.default_config()})
+    c.heads = ml_collections.ConfigDict({"track": False})  # per-head diagnostics logged at every evaluation
     c.eval = ml_collections.ConfigDict({"bleu_tokenize": "13a"})  # sacrebleu tokenizer ('char' for one-word targets)
     c.wandb = ml_collections.ConfigDict({"mode": "offline", "project": "attn_lab",
                                          "group": config_dict.placeholder(str), "tags": (),

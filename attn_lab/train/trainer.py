@@ -16,6 +16,7 @@ import numpy as np
 import tqdm
 from flax import nnx
 
+from attn_lab.analysis.capture import as_layers, capture_step, track_summary
 from attn_lab.data import load_task
 from attn_lab.models import build_model, count_params
 from attn_lab.train import metrics as metrics_lib
@@ -23,7 +24,7 @@ from attn_lab.train.checkpoint import Checkpointer
 from attn_lab.train.config import validate_config
 from attn_lab.train.decode import compile_decode, supports_cached_decoding
 from attn_lab.train.logging import METRICS_FILE, MetricLogger, write_json_atomic
-from attn_lab.train.seeds import stack, stack_batches, unstack
+from attn_lab.train.seeds import seed_map, stack, stack_batches, unstack
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
 
 
@@ -56,6 +57,8 @@ class Run:
                                                         diversity=config.loss.diversity)
         self.decode = (compile_decode(self.graphdef, self.task.max_target_length, supports_cached_decoding(models[0]),
                                       num_seeds=n) if self.task.kind == "translation" else None)
+        self.capture = (jax.jit(seed_map(capture_step(self.graphdef, self.task.kind), n, (0, None)))
+                        if config.heads.track else None)
         states = [init_state(nnx.to_pure_dict(nnx.state(m, nnx.Param)), model_state(m), tx, s)
                   for m, s in zip(models, self.seeds)]
         self.ckpts = [Checkpointer(os.path.join(w, "checkpoints")) for w in self.workdirs]
@@ -89,6 +92,13 @@ class Run:
                 result.update(metrics_lib.translation_scores(seed_hyps[: len(refs)], refs,
                                                              self.config.eval.bleu_tokenize))
         return results
+
+    def head_stats(self) -> dict[str, list[float]]:
+        """Per-head diagnostics on the first validation batch, per seed (``config.heads.track``)."""
+        batch = self.task.dataset("validation", self.config.train.batch_size, train=False)[0]
+        captured = self.capture(self.state, batch)  # each array (S, ...)
+        per_seed = [track_summary(as_layers(unstack(captured, i), batch)) for i in range(len(self.seeds))]
+        return {k: [s[k] for s in per_seed] for k in per_seed[0]}
 
     def save(self, step: int) -> None:
         """Checkpoints each seed whose parameters are finite, so a NaN never overwrites its last good checkpoint."""
@@ -178,6 +188,8 @@ def _train_loop(run: Run, stop_after: int | None) -> tuple[int, float]:
         if step % tcfg.eval_every == 0 or step == tcfg.num_steps:
             scores = run.evaluate("validation")
             run.log(step, {f"eval/{k}": [r[k] for r in scores] for k in scores[0]})
+            if run.capture is not None:
+                run.log(step, run.head_stats())
             window_start = time.time()
         if step % tcfg.checkpoint_every == 0 or step == end:
             run.save(step)

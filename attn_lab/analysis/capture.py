@@ -1,0 +1,53 @@
+"""Attention maps and per-head outputs of one batch, captured in a jittable forward pass.
+
+Used by the head analysis of finished runs and, with ``config.heads.track=True``, by the trainer at every
+evaluation, so a researcher sees heads specialize or die over training.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from flax import nnx
+
+from attn_lab.analysis import diagnostics
+from attn_lab.models import Ctx
+from attn_lab.train.diversity import attention_layers
+from attn_lab.train.steps import forward, merge
+
+
+def capture_step(graphdef: Any, kind: str) -> Callable[[dict, dict], dict]:
+    """``(state, batch) -> {'<kind>/<layer>': {'attention_weights', 'head_outputs', 'values'}}`` (pure, jittable)."""
+    def captured(state: dict, batch: dict) -> dict:
+        model = merge(graphdef, state)
+        forward(model, batch, kind, Ctx(capture=True))
+        return {f"{k}/{layer}": {name: v[0] for name, v in nnx.to_pure_dict(nnx.pop(attn, nnx.Intermediate)).items()}
+                for k, layer, attn in attention_layers(model)}
+    return captured
+
+
+def as_layers(captured: dict, batch: dict) -> dict[str, dict[str, np.ndarray]]:
+    """Captured arrays as numpy, with each layer's key validity ``[B, S]`` (decoder self-attention: target side)."""
+    out = {}
+    for name, values in captured.items():
+        maps = np.asarray(values["attention_weights"])  # (B, N, T, S)
+        keys = np.asarray(batch["targets"] if name.startswith("decoder_self") else batch["inputs"]) != 0
+        if maps.shape[-1] == keys.shape[-1] + 1:  # classifier with a CLS token in front
+            keys = np.pad(keys, ((0, 0), (1, 0)), constant_values=True)
+        out[name] = {"maps": maps, "valid_keys": keys, "head_outputs": np.asarray(values["head_outputs"])}
+    return out
+
+
+def track_summary(layers: dict[str, dict[str, np.ndarray]]) -> dict[str, float]:
+    """Scalars to log per layer: per-head normalized entropy, layer means and the number of flagged heads."""
+    out = {}
+    for name, c in layers.items():
+        report = diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"])
+        for i, value in enumerate(report["entropy"]):
+            out[f"heads/{name}/entropy/h{i}"] = value
+        for key in ("distance", "self"):
+            out[f"heads/{name}/{key}"] = float(np.mean(report[key]))
+        out.update({f"heads/{name}/{key}": report[key] for key in ("mean_js", "mean_similarity")})
+        out.update({f"heads/{name}/{flag}_heads": float(len(report["flags"][flag])) for flag in ("dead", "duplicate")})
+    return out
