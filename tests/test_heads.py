@@ -12,6 +12,7 @@ from attn_lab.analysis import diagnostics, importance
 from attn_lab.models import build_model
 from attn_lab.train.config import base_config
 from attn_lab.train.steps import init_state, make_optimizer, model_state
+from attn_lab.train.trainer import train_and_evaluate
 
 
 def _tiny_state(zero_head=None):
@@ -104,24 +105,28 @@ def test_diagnostics_on_hand_built_maps():
     np.testing.assert_allclose(diagnostics.normalized_entropy(uniform[:, :, :, :3] * t / 3, valid[:, :3]), [1.0])
 
 
-def test_analyze_heads_script_on_a_finished_run(tmp_path):
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(relative_path):
+    """A module of this repository (a config file or a script) loaded from its path."""
     import importlib.util
 
-    from attn_lab.train.trainer import train_and_evaluate
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("cfg", os.path.join(root, "configs", "listops.py"))
+    spec = importlib.util.spec_from_file_location(os.path.basename(relative_path)[:-3],
+                                                  os.path.join(ROOT, relative_path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    c = module.get_config("quick")
+    return module
+
+
+def test_analyze_heads_script_on_a_finished_run(tmp_path):
+    c = _load("configs/listops.py").get_config("quick")
     c.task.data_dir, c.task.num_train, c.task.num_validation, c.task.num_test = str(tmp_path / "d"), 64, 16, 16
     c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.num_heads = 2, 32, 64, 2
     c.train.update({"num_steps": 2, "batch_size": 8, "log_every": 1, "eval_every": 2, "checkpoint_every": 2})
     c.wandb.mode = "disabled"
     train_and_evaluate(c, str(tmp_path / "run"))
-    spec = importlib.util.spec_from_file_location("analyze", os.path.join(root, "scripts", "analyze_heads.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _load("scripts/analyze_heads.py")
     assert script.main(["--workdir", str(tmp_path / "run"), "--max-batches", "1", "--prune-fraction", "0.5"]) == 0
     out = tmp_path / "run" / "analysis"
     imp = json.loads((out / "importance.json").read_text())
@@ -136,15 +141,7 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
 
 
 def test_heads_track_logs_per_head_diagnostics_at_each_evaluation(tmp_path):
-    import importlib.util
-
-    from attn_lab.train.trainer import train_and_evaluate
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("cfg", os.path.join(root, "configs", "numbers.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config("quick")
+    c = _load("configs/numbers.py").get_config("quick")
     c.task.data_dir, c.task.max_value = str(tmp_path / "d"), 199
     c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.num_heads = 1, 32, 64, 2
     c.train.update({"num_steps": 4, "batch_size": 16, "log_every": 2, "eval_every": 2, "checkpoint_every": 4,
