@@ -2,8 +2,9 @@
 
   python scripts/analyze_heads.py --workdir runs/numbers_quick --what importance,ablate,prune,diagnose
 
-Writes ``<workdir>/analysis/{importance,ablate,prune,diagnose}.json``, a layer x head grid PNG per statistic and the
-pruning curves (importance order vs reverse vs random).
+Writes ``<workdir>/analysis/{importance,ablate,prune,diagnose}.json``, a layer x head grid PNG per statistic (per-head
+gradient norms included), the pruning curves (importance order vs reverse vs random) and one example's attention
+maps per kind (``--example``).
 Importance and ablations use the validation split (``--split``); ablations score per-example (token) accuracy.
 """
 
@@ -27,6 +28,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-batches", type=int, default=8, help="batches of the split to use")
     p.add_argument("--normalize", action="store_true", help="importance: unit l2 norm per layer (Michel et al.)")
     p.add_argument("--rescore", action="store_true", help="prune: re-score importance before every step")
+    p.add_argument("--example", type=int, default=0, help="diagnose: which example of the first batch to draw")
     p.add_argument("--prune-fraction", type=float, default=0.1, help="prune: share of all heads removed per step")
     args = p.parse_args(argv)
     args.what = [w.strip() for w in args.what.split(",") if w.strip()]
@@ -79,6 +81,21 @@ def curve_plot(path: str, curves: dict[str, list[dict]]) -> None:
     _save(fig, path)
 
 
+def maps_plot(path: str, captured: dict, kind: str, example: int) -> None:
+    """Attention maps of one example: a row per layer, a column per head (valid keys only)."""
+    plt = _pyplot()
+    names = sorted(n for n in captured if n.startswith(kind + "/"))
+    heads = captured[names[0]]["maps"].shape[1]
+    fig, axes = plt.subplots(len(names), heads, figsize=(2 * heads, 2 * len(names)), squeeze=False)
+    for row, name in enumerate(names):
+        valid = captured[name]["valid_keys"][example]
+        for head in range(heads):
+            grid = captured[name]["maps"][example, head]
+            axes[row][head].imshow(grid[:, valid], cmap="viridis")  # (queries, valid keys)
+            axes[row][head].set(title=f"{name} h{head}", xticks=[], yticks=[])
+    _save(fig, path)
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
     from attn_lab.analysis import diagnostics, importance, pruning
@@ -115,11 +132,19 @@ def main(argv: list[str]) -> int:
         curve_plot(os.path.join(out_dir, "prune.png"), curves)
         print("prune:", {o: [round(p["score"], 4) for p in c] for o, c in curves.items()})
     if "diagnose" in args.what:
+        captured = capture_maps(run, batches[0])
         layers = {name: diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"])
-                  for name, c in capture_maps(run, batches[0]).items()}
+                  for name, c in captured.items()}
+        grad_norms = importance.head_gradient_norms(run.state, batches, shapes,
+                                                    importance.compile_gradients(run.graphdef, run.kind))
+        for kind, grid in grad_norms.items():
+            for layer, row in enumerate(grid):
+                layers[f"{kind}/{layer}"]["gradient_norm"] = row.tolist()
         write_json_atomic(os.path.join(out_dir, "diagnose.json"), layers)
-        for stat in ("entropy", "distance", "self", "first"):
+        for stat in ("entropy", "distance", "self", "first", "gradient_norm"):
             grid_plot(os.path.join(out_dir, f"diagnose_{stat}.png"), _grids(layers, shapes, stat), stat)
+        for kind in shapes:
+            maps_plot(os.path.join(out_dir, f"maps_{kind}.png"), captured, kind, example=args.example)
         print("flags:", {name: r["flags"] for name, r in layers.items()})
     print(f"wrote {out_dir}")
     return 0

@@ -64,6 +64,17 @@ def test_masking_a_zero_importance_head_changes_nothing():
     assert not np.allclose(scores(state, batch, full)[0], scores(state, batch, other)[0])
 
 
+def test_head_gradient_norms_are_the_query_and_output_slices_of_the_gradient():
+    model, graphdef, state, batch = _tiny_state()
+    shapes = importance.mask_shapes(model)
+    grads_fn = importance.compile_gradients(graphdef, "translation")
+    norms = importance.head_gradient_norms(state, [batch], shapes, grads_fn)
+    g = grads_fn(state, batch)["decoder"]["blocks"][0]["cross_attn"]
+    expect = np.sqrt((np.asarray(g["query"]["kernel"][:, 1]) ** 2).sum() + (np.asarray(g["out"]["kernel"][1]) ** 2).sum())
+    np.testing.assert_allclose(norms["cross"][0, 1], expect, rtol=1e-5)
+    assert all(v.shape == shapes[k] and (v > 0).all() for k, v in norms.items())
+
+
 def test_pruning_removes_the_zero_importance_head_first_and_keeps_one_head():
     from attn_lab.analysis.pruning import pruning_curve
 
@@ -136,6 +147,7 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     diag = json.loads((out / "diagnose.json").read_text())
     assert set(diag) == {"encoder_self/0", "encoder_self/1"} and len(diag["encoder_self/0"]["entropy"]) == 2
     assert (out / "importance.png").stat().st_size > 0 and (out / "diagnose_entropy.png").exists()
+    assert len(diag["encoder_self/1"]["gradient_norm"]) == 2 and (out / "maps_encoder_self.png").exists()
     prune = json.loads((out / "prune.json").read_text())
     assert set(prune) == {"importance", "reverse", "random"} and (out / "prune.png").exists()
 

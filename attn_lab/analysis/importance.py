@@ -143,3 +143,42 @@ def all_but_one(state: dict, batches: list[dict], shapes: dict[str, tuple[int, i
             rows.append({"layer": layer, "best_head": best[1], "score": best[0], "delta": best[0] - base})
         out[kind] = rows
     return out
+
+
+def compile_gradients(graphdef: Any, kind: str) -> Callable:
+    """Jitted ``(state, batch) -> gradient of the mean per-example loss`` with respect to the parameters."""
+    per_example = functools.partial(example_losses, graphdef=graphdef, kind=kind)
+
+    def grads(state, batch):
+        def mean_loss(params):
+            loss, _, valid = per_example({**state, "params": params}, batch, None)
+            return (loss * valid).sum() / jnp.maximum(valid.sum(), 1.0)
+        return jax.grad(mean_loss)(state["params"])
+
+    return jax.jit(grads)
+
+
+ATTENTION_PARAMS = {"encoder_self": ("encoder", "self_attn"), "decoder_self": ("decoder", "self_attn"),
+                    "cross": ("decoder", "cross_attn")}
+
+
+def head_gradient_norms(state: dict, batches: Iterable[dict], shapes: dict[str, tuple[int, int]],
+                        grads_fn: Callable) -> dict[str, np.ndarray]:
+    """Per head ``[L, N]``: l2 norm of the split's mean gradient on the head's own parameters -- its query slice
+    ``[d, h, H]`` and output-projection slice ``[h, H, d]`` (keys and values may be shared by grouped heads)."""
+    total, count = None, 0
+    for batch in batches:
+        g = jax.tree.map(np.asarray, grads_fn(state, batch))
+        total = g if total is None else jax.tree.map(np.add, total, g)
+        count += 1
+    out = {}
+    for kind, (layers, _) in shapes.items():
+        stack, attn = ATTENTION_PARAMS[kind]
+        rows = []
+        for layer in range(layers):
+            p = total[stack]["blocks"][layer][attn]
+            q = (p["query"]["kernel"] ** 2).sum((0, 2))  # (N,)
+            o = (p["out"]["kernel"] ** 2).sum((1, 2))  # (N,)
+            rows.append(np.sqrt(q + o) / max(count, 1))
+        out[kind] = np.stack(rows)
+    return out
