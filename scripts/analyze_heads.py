@@ -2,7 +2,8 @@
 
   python scripts/analyze_heads.py --workdir runs/numbers_quick --what importance,ablate,prune,diagnose
 
-Writes ``<workdir>/analysis/{importance,ablate,prune,diagnose}.json``, a layer x head grid PNG per statistic (per-head
+Logs to W&B in the run's group (a run named ``<run>-analysis``, same mode as the run) and writes
+``<workdir>/analysis/{importance,ablate,prune,diagnose}.json``, a layer x head grid PNG per statistic (per-head
 gradient norms included), the pruning curves (importance order vs reverse vs random) and one example's attention
 maps per kind (``--example``).
 Importance and ablations use the validation split (``--split``); ablations score per-example (token) accuracy.
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import sys
+import types
+from typing import Any
 
 import numpy as np
 
@@ -96,11 +100,68 @@ def maps_plot(path: str, captured: dict, kind: str, example: int) -> None:
     _save(fig, path)
 
 
+def _per_head(prefix: str, grids: dict[str, Any]) -> dict[str, float]:
+    """``{kind: [L, N]}`` -> ``{'<prefix>/<kind>/L<l>/h<h>': value}`` for W&B summaries."""
+    return {f"{prefix}/{kind}/L{layer}/h{head}": float(v) for kind, grid in grids.items()
+            for layer, row in enumerate(np.asarray(grid)) for head, v in enumerate(row)}
+
+
+def importance_step(a: Any) -> None:
+    imp = a.importance.head_importance(a.run.state, a.batches, a.shapes, a.importance_sums, a.args.normalize)
+    a.write("importance.json", {k: v.tolist() for k, v in imp.items()})
+    grid_plot(os.path.join(a.out_dir, "importance.png"), imp, "head importance E|dL/dxi|")
+    a.logger.summary(_per_head("importance", imp))
+    print("importance:", {k: np.round(v, 4).tolist() for k, v in imp.items()})
+
+
+def ablate_step(a: Any) -> None:
+    single = a.importance.single_head_ablation(a.run.state, a.batches, a.shapes, a.scores)
+    keep_one = a.importance.all_but_one(a.run.state, a.batches, a.shapes, a.scores)
+    a.write("ablate.json", {"single_head": single, "all_but_one": keep_one})
+    deltas = {k: single[k]["delta"] for k in a.shapes}
+    grid_plot(os.path.join(a.out_dir, "ablate.png"), deltas, "accuracy change with the head masked")
+    a.logger.summary(_per_head("ablate_delta", deltas) | {
+        f"all_but_one/{k}/L{r['layer']}": r["delta"] for k in a.shapes for r in keep_one[k]})
+    print("all-but-one:", {k: [round(r["delta"], 4) for r in keep_one[k]] for k in a.shapes})
+
+
+def prune_step(a: Any) -> None:
+    curves = {order: a.pruning.pruning_curve(a.run.state, a.batches, a.shapes, a.scores, a.importance_sums,
+                                             order=order, fraction=a.args.prune_fraction, rescore=a.args.rescore)
+              for order in a.pruning.ORDERS}
+    a.write("prune.json", curves)
+    curve_plot(os.path.join(a.out_dir, "prune.png"), curves)
+    for i, point in enumerate(curves["importance"]):  # one logged step per pruning step, every order together
+        a.logger.log(i, {"prune/percent": point["percent"], **{f"prune/{o}": c[i]["score"] for o, c in curves.items()}})
+    print("prune:", {o: [round(p["score"], 4) for p in c] for o, c in curves.items()})
+
+
+def diagnose_step(a: Any) -> None:
+    captured = a.capture_maps(a.run, a.batches[0])
+    layers = {name: a.diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"])
+              for name, c in captured.items()}
+    grads = a.importance.compile_gradients(a.run.graphdef, a.run.kind)
+    for kind, grid in a.importance.head_gradient_norms(a.run.state, a.batches, a.shapes, grads).items():
+        for layer, row in enumerate(grid):
+            layers[f"{kind}/{layer}"]["gradient_norm"] = row.tolist()
+    a.write("diagnose.json", layers)
+    for stat in ("entropy", "distance", "self", "first", "gradient_norm"):
+        grids = _grids(layers, a.shapes, stat)
+        grid_plot(os.path.join(a.out_dir, f"diagnose_{stat}.png"), grids, stat)
+        a.logger.summary(_per_head(stat, grids))
+    for kind in a.shapes:
+        maps_plot(os.path.join(a.out_dir, f"maps_{kind}.png"), captured, kind, example=a.args.example)
+    print("flags:", {name: r["flags"] for name, r in layers.items()})
+
+
+STEPS = {"importance": importance_step, "ablate": ablate_step, "prune": prune_step, "diagnose": diagnose_step}
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
     from attn_lab.analysis import diagnostics, importance, pruning
     from attn_lab.analysis.run import capture_maps, load_finished_run
-    from attn_lab.train.logging import write_json_atomic
+    from attn_lab.train.logging import METRICS_FILE, MetricLogger, write_json_atomic
     from attn_lab.train.steps import merge
 
     try:
@@ -109,43 +170,21 @@ def main(argv: list[str]) -> int:
         sys.exit(f"error: {e}")
     out_dir = os.path.join(args.workdir, "analysis")
     os.makedirs(out_dir, exist_ok=True)
-    batches = run.batches(args.split, args.max_batches)
-    shapes = importance.mask_shapes(merge(run.graphdef, run.state))
+    pathlib.Path(out_dir, METRICS_FILE).unlink(missing_ok=True)  # each analysis is a fresh log (and W&B run)
+    w = run.config.wandb
+    logger = MetricLogger(out_dir, run.config.to_dict(), mode=w.mode, project=w.project, group=w.group,
+                          tags=(*w.tags, "analysis"), name=f"{w.name or os.path.basename(args.workdir)}-analysis")
     scores, importance_sums = importance.compile_analysis(run.graphdef, run.kind)
-    if "importance" in args.what:
-        imp = importance.head_importance(run.state, batches, shapes, importance_sums, args.normalize)
-        write_json_atomic(os.path.join(out_dir, "importance.json"), {k: v.tolist() for k, v in imp.items()})
-        grid_plot(os.path.join(out_dir, "importance.png"), imp, "head importance E|dL/dxi|")
-        print("importance:", {k: np.round(v, 4).tolist() for k, v in imp.items()})
-    if "ablate" in args.what:
-        single = importance.single_head_ablation(run.state, batches, shapes, scores)
-        keep_one = importance.all_but_one(run.state, batches, shapes, scores)
-        write_json_atomic(os.path.join(out_dir, "ablate.json"), {"single_head": single, "all_but_one": keep_one})
-        grid_plot(os.path.join(out_dir, "ablate.png"), {k: single[k]["delta"] for k in shapes},
-                  "accuracy change with the head masked")
-        print("all-but-one:", {k: [round(r["delta"], 4) for r in keep_one[k]] for k in shapes})
-    if "prune" in args.what:
-        curves = {order: pruning.pruning_curve(run.state, batches, shapes, scores, importance_sums, order=order,
-                                               fraction=args.prune_fraction, rescore=args.rescore)
-                  for order in pruning.ORDERS}
-        write_json_atomic(os.path.join(out_dir, "prune.json"), curves)
-        curve_plot(os.path.join(out_dir, "prune.png"), curves)
-        print("prune:", {o: [round(p["score"], 4) for p in c] for o, c in curves.items()})
-    if "diagnose" in args.what:
-        captured = capture_maps(run, batches[0])
-        layers = {name: diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"])
-                  for name, c in captured.items()}
-        grad_norms = importance.head_gradient_norms(run.state, batches, shapes,
-                                                    importance.compile_gradients(run.graphdef, run.kind))
-        for kind, grid in grad_norms.items():
-            for layer, row in enumerate(grid):
-                layers[f"{kind}/{layer}"]["gradient_norm"] = row.tolist()
-        write_json_atomic(os.path.join(out_dir, "diagnose.json"), layers)
-        for stat in ("entropy", "distance", "self", "first", "gradient_norm"):
-            grid_plot(os.path.join(out_dir, f"diagnose_{stat}.png"), _grids(layers, shapes, stat), stat)
-        for kind in shapes:
-            maps_plot(os.path.join(out_dir, f"maps_{kind}.png"), captured, kind, example=args.example)
-        print("flags:", {name: r["flags"] for name, r in layers.items()})
+    a = types.SimpleNamespace(
+        args=args, run=run, out_dir=out_dir, logger=logger, batches=run.batches(args.split, args.max_batches),
+        shapes=importance.mask_shapes(merge(run.graphdef, run.state)), scores=scores,
+        importance_sums=importance_sums, importance=importance, pruning=pruning, diagnostics=diagnostics,
+        capture_maps=capture_maps, write=lambda name, obj: write_json_atomic(os.path.join(out_dir, name), obj))
+    try:
+        for what in args.what:
+            STEPS[what](a)
+    finally:
+        logger.close()
     print(f"wrote {out_dir}")
     return 0
 

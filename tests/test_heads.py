@@ -150,6 +150,8 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     assert len(diag["encoder_self/1"]["gradient_norm"]) == 2 and (out / "maps_encoder_self.png").exists()
     prune = json.loads((out / "prune.json").read_text())
     assert set(prune) == {"importance", "reverse", "random"} and (out / "prune.png").exists()
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]  # what W&B gets too
+    assert [line["step"] for line in logged] == [0, 1] and {"prune/random", "prune/percent"} <= set(logged[1])
 
 
 def test_heads_track_logs_per_head_diagnostics_at_each_evaluation(tmp_path):
