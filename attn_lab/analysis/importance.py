@@ -17,19 +17,14 @@ import numpy as np
 
 from attn_lab.models import Ctx
 from attn_lab.train import losses
+from attn_lab.train.diversity import attention_layers
 from attn_lab.train.steps import merge
 
 
 def mask_shapes(model: Any) -> dict[str, tuple[int, int]]:
     """Attention kind -> (layers, heads) of a Seq2Seq or Classifier."""
-    shapes = {}
-    for stack in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
-        if stack is None:
-            continue
-        heads = stack.blocks[0].self_attn.num_heads
-        for kind in stack.kinds:
-            shapes[kind] = (len(stack.blocks), heads)
-    return shapes
+    layers = attention_layers(model)
+    return {kind: (sum(k == kind for k, _, _ in layers), attn.num_heads) for kind, _, attn in layers}
 
 
 def ones(shapes: dict[str, tuple[int, int]], batch: int) -> dict[str, jax.Array]:

@@ -27,7 +27,8 @@ TRANSLATIONS: dict[str, tuple[str, str, str]] = {
     "rv1909": ("v", "es", "Reina-Valera 1909"),
     "dio": ("d", "it", "Diodati 1649"),
 }
-# Held-out books (bNumber): a mix of narrative, law, poetry, prophecy, gospel and letters, ~4% of verses each.
+# Held-out books (bNumber), a mix of narrative, prophecy, gospel and letters: validation 486 verses (1.6%), test
+# 1,123 (3.6%) of the 31,102 (lsg-web).
 VALIDATION_BOOKS = (8, 29, 32, 36, 50, 56, 57, 63, 64, 65)  # Ruth, Joel, Jonah, Zephaniah, Philippians, Titus, ...
 TEST_BOOKS = (17, 31, 41, 48, 59)  # Esther, Obadiah, Mark, Galatians, James
 
