@@ -191,6 +191,33 @@ class MultiHeadAttention(nnx.Module):
         written = jnp.broadcast_to(jnp.arange(max_length) <= i, (batch, 1, 1, max_length))  # (B, 1, 1, S_max)
         return key, value, combine_masks(mask, written, dtype=jnp.bool_)
 
+    def keep_heads(self, keep: Any) -> "MultiHeadAttention":
+        """A copy holding only the heads ``keep`` (indices): smaller query/key/value/output projections, so the
+        compiled forward does less work (Michel et al. 2019, structural pruning). Equals this module with the other
+        heads masked by ``head_mask``. Needs one key/value head per query head and a kernel without variables (a
+        kernel's own per-head state, e.g. unshared Linformer projections, is not sliced)."""
+        keep = [int(h) for h in keep]
+        if not keep or len(set(keep)) != len(keep) or not all(0 <= h < self.num_heads for h in keep):
+            raise ValueError(f"keep_heads: {keep} must be distinct head indices in [0, {self.num_heads})")
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError(f"keep_heads needs num_kv_heads == num_heads (got {self.num_kv_heads} key/value heads "
+                             f"for {self.num_heads} query heads); mask grouped heads with head_mask instead")
+        if jax.tree.leaves(nnx.state(self.kernel)):
+            raise ValueError(f"keep_heads: kernel {type(self.kernel).__name__} holds variables that are not sliced "
+                             "by head; mask its heads with head_mask instead")
+        new = nnx.clone(self)
+        idx = jnp.asarray(keep)
+        for proj in (new.query, new.key, new.value):
+            proj.kernel = nnx.Param(proj.kernel[...][:, idx])  # (d, n, H)
+            if proj.bias is not None:
+                proj.bias = nnx.Param(proj.bias[...][idx])  # (n, H)
+            proj.out_features = (len(keep), self.head_dim)
+        new.out.kernel = nnx.Param(new.out.kernel[...][idx])  # (n, H, d)
+        new.out.in_features = (len(keep), self.head_dim)
+        new.num_heads = new.num_kv_heads = new.kernel.num_heads = new.kernel.num_kv_heads = len(keep)
+        new.qkv_features = len(keep) * self.head_dim
+        return new
+
     def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32) -> None:
         """Preallocates the KV cache for ``input_shape = (batch, max_length, features)``; then call with decode=True."""
         shape = (*input_shape[:-1], self.num_kv_heads, self.head_dim)  # (B, S_max, K, H)

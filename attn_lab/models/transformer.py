@@ -18,6 +18,7 @@ from flax import nnx
 
 from attn_lab.attention import MultiHeadAttention
 from attn_lab.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
+from attn_lab.models.gates import HeadGates
 
 KINDS = ("encoder_self", "decoder_self", "cross")
 
@@ -155,6 +156,22 @@ class Stack(nnx.Module):
         return self.final_norm(x) if self.final_norm is not None else x
 
 
+def make_gates(gates: Any, shapes: dict[str, tuple[int, int]]) -> HeadGates | None:
+    """L0 head gates when ``config.heads.gates.enabled`` (see :mod:`attn_lab.models.gates`)."""
+    return HeadGates(shapes, gates.init) if gates is not None and gates.enabled else nnx.data(None)
+
+
+def gated(gates: HeadGates | None, head_masks: dict | None, kinds: tuple[str, ...], ctx: Ctx,
+          batch: int) -> dict | None:
+    """``head_masks`` times the gates of ``kinds`` (sampled per example in training, binary at test)."""
+    if gates is None:
+        return head_masks
+    out = dict(head_masks or {})
+    for kind, g in gates(kinds, batch, ctx.deterministic, ctx.rngs).items():  # (B, L, N) or (L, N)
+        out[kind] = g if out.get(kind) is None else out[kind] * g
+    return out
+
+
 def _embed(vocab_size: int, d_model: int, rngs: nnx.Rngs) -> nnx.Embed:
     return nnx.Embed(vocab_size, d_model, embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
 
@@ -162,7 +179,7 @@ def _embed(vocab_size: int, d_model: int, rngs: nnx.Rngs) -> nnx.Embed:
 class Seq2Seq(nnx.Module):
     """Encoder-decoder for translation. Token id 0 is padding, 1 is BOS (the decoder's first input)."""
 
-    def __init__(self, cfg: Any, *, vocab_size: int, max_len: int, rngs: nnx.Rngs):
+    def __init__(self, cfg: Any, *, vocab_size: int, max_len: int, rngs: nnx.Rngs, gates: Any = None):
         src_embed = _embed(vocab_size, cfg.d_model, rngs)
         tgt_embed = src_embed if cfg.tie_embeddings else _embed(vocab_size, cfg.d_model, rngs)
         self.encoder = Stack(cfg, src_embed, max_len, self_kind="encoder_self", cross=False,
@@ -170,16 +187,21 @@ class Seq2Seq(nnx.Module):
         self.decoder = Stack(cfg, tgt_embed, max_len, self_kind="decoder_self", cross=True,
                              num_layers=cfg.num_decoder_layers or cfg.num_layers, rngs=rngs)
         self.logits_proj = nnx.data(None) if cfg.tie_embeddings else nnx.Linear(cfg.d_model, vocab_size, rngs=rngs)
+        dec = (len(self.decoder.blocks), cfg.num_heads)
+        self.gates = make_gates(gates, {"encoder_self": (cfg.num_layers, cfg.num_heads), "decoder_self": dec,
+                                        "cross": dec})
 
     def encode(self, inputs: jax.Array, ctx: Ctx = Ctx(), head_masks: dict | None = None) -> jax.Array:
         """``inputs [B, S]`` token ids -> memory ``[B, S, d_model]``."""
         mask = (inputs != PAD)[:, None, None, :]  # (B, 1, 1, S): key padding only, see key_padding_note
+        head_masks = gated(self.gates, head_masks, ("encoder_self",), ctx, inputs.shape[0])
         return self.encoder(self.encoder.embed(inputs), ctx, self_mask=mask, is_causal=False, head_masks=head_masks)
 
     def decode(self, decoder_inputs: jax.Array, memory: jax.Array, inputs: jax.Array, ctx: Ctx = Ctx(), *,
                start=0, head_masks: dict | None = None) -> jax.Array:
         """``decoder_inputs [B, T]`` (BOS-shifted targets) -> logits ``[B, T, vocab]``."""
         cross_mask = (inputs != PAD)[:, None, None, :]  # (B, 1, 1, S)
+        head_masks = gated(self.gates, head_masks, ("decoder_self", "cross"), ctx, inputs.shape[0])
         y = self.decoder(self.decoder.embed(decoder_inputs), ctx, start=start, self_mask=None, is_causal=True,
                          memory=memory, cross_mask=cross_mask, head_masks=head_masks)
         if self.logits_proj is None:
@@ -202,13 +224,15 @@ class Seq2Seq(nnx.Module):
 class Classifier(nnx.Module):
     """Encoder + mean or CLS pooling + linear head (Long Range Arena style)."""
 
-    def __init__(self, cfg: Any, *, vocab_size: int, max_len: int, num_classes: int, rngs: nnx.Rngs):
+    def __init__(self, cfg: Any, *, vocab_size: int, max_len: int, num_classes: int, rngs: nnx.Rngs,
+                 gates: Any = None):
         self.pooling = cfg.pooling
         self.cls = (nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (1, 1, cfg.d_model)))
                     if cfg.pooling == "cls" else nnx.data(None))
         self.encoder = Stack(cfg, _embed(vocab_size, cfg.d_model, rngs), max_len + 1, self_kind="encoder_self",
                              cross=False, num_layers=cfg.num_layers, rngs=rngs)
         self.head = nnx.Linear(cfg.d_model, num_classes, rngs=rngs)
+        self.gates = make_gates(gates, {"encoder_self": (cfg.num_layers, cfg.num_heads)})
 
     def __call__(self, inputs: jax.Array, ctx: Ctx = Ctx(), head_masks: dict | None = None) -> jax.Array:
         """``inputs [B, L]`` token ids -> class logits ``[B, num_classes]``."""
@@ -218,6 +242,7 @@ class Classifier(nnx.Module):
             x = jnp.concatenate([jnp.broadcast_to(self.cls[...], (x.shape[0], 1, x.shape[-1])), x], axis=1)
             valid = jnp.pad(valid, ((0, 0), (1, 0)), constant_values=True)  # (B, L + 1)
         mask = valid[:, None, None, :]  # (B, 1, 1, L)
+        head_masks = gated(self.gates, head_masks, ("encoder_self",), ctx, inputs.shape[0])
         h = self.encoder(x, ctx, self_mask=mask, is_causal=False, head_masks=head_masks)
         if self.cls is not None:
             pooled = h[:, 0]  # (B, d)
@@ -228,12 +253,13 @@ class Classifier(nnx.Module):
 
 
 def build_model(cfg: Any, *, kind: str, vocab_size: int, max_len: int, num_classes: int | None = None,
-                seed: int = 0) -> nnx.Module:
-    """The model for a task ``kind`` ('translation' or 'classification') from ``config.model``."""
+                seed: int = 0, gates: Any = None) -> nnx.Module:
+    """The model for a task ``kind`` ('translation' or 'classification') from ``config.model``; ``gates``:
+    ``config.heads.gates`` (L0 head gates when enabled)."""
     rngs = nnx.Rngs(params=seed)
     if kind == "translation":
-        return Seq2Seq(cfg, vocab_size=vocab_size, max_len=max_len, rngs=rngs)
-    return Classifier(cfg, vocab_size=vocab_size, max_len=max_len, num_classes=num_classes, rngs=rngs)
+        return Seq2Seq(cfg, vocab_size=vocab_size, max_len=max_len, rngs=rngs, gates=gates)
+    return Classifier(cfg, vocab_size=vocab_size, max_len=max_len, num_classes=num_classes, rngs=rngs, gates=gates)
 
 
 def count_params(model: nnx.Module) -> int:

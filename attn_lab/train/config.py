@@ -7,6 +7,7 @@ function compiles, and names the bad key in one line.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ml_collections
@@ -60,9 +61,15 @@ def base_config() -> ml_collections.ConfigDict:
         "num_steps": 2000, "batch_size": 64, "learning_rate": 1e-3, "warmup_steps": 200, "schedule": "rsqrt",
         "weight_decay": 0.01, "label_smoothing": 0.1, "grad_clip": 1.0, "log_every": 50, "eval_every": 500,
         "checkpoint_every": 500, "max_eval_batches": config_dict.placeholder(int),
+        "init_from": config_dict.placeholder(str),  # a finished run's folder: start from its parameters
     })
     c.loss = ml_collections.ConfigDict({"diversity": diversity.default_config()})
-    c.heads = ml_collections.ConfigDict({"track": False})  # per-head diagnostics logged at every evaluation
+    c.heads = ml_collections.ConfigDict({
+        "track": False,  # per-head diagnostics logged at every evaluation
+        # L0 head gates (attn_lab/models/gates.py): penalty l0 * E[open gates], or keep at most `target` of heads
+        "gates": {"enabled": False, "l0": 0.0, "target": config_dict.placeholder(float), "dual_lr": 0.3,
+                  "init": 3.0, "lr": 0.05, "anneal": 0.5},
+    })
     c.eval = ml_collections.ConfigDict({"bleu_tokenize": "13a"})  # sacrebleu tokenizer ('char' for one-word targets)
     c.wandb = ml_collections.ConfigDict({"mode": "offline", "project": "attn_lab",
                                          "group": config_dict.placeholder(str), "tags": (),
@@ -122,6 +129,24 @@ def _check_model(m: Any, task_type: str) -> dict[str, Any]:
     return kernels
 
 
+def _check_gates(g: Any) -> None:
+    if (g.l0 > 0 or g.target is not None) and not g.enabled:
+        raise ValueError("heads.gates.l0 / heads.gates.target need heads.gates.enabled=True")
+    if g.l0 < 0:
+        raise ValueError(f"heads.gates.l0 must be >= 0, got {g.l0}")
+    if g.target is not None and not 0.0 < g.target <= 1.0:
+        raise ValueError(f"heads.gates.target is the share of heads to keep, in (0, 1]; got {g.target}")
+    if not 0.0 <= g.anneal <= 1.0:
+        raise ValueError(f"heads.gates.anneal is a share of train.num_steps, in [0, 1]; got {g.anneal}")
+    if g.dual_lr <= 0:
+        raise ValueError(f"heads.gates.dual_lr must be positive, got {g.dual_lr}")
+
+
+def _check_init_from(path: str | None) -> None:
+    if path is not None and not os.path.isdir(os.path.join(path, "checkpoints")):
+        raise ValueError(f"train.init_from='{path}' is not a run folder with checkpoints")
+
+
 def validate_config(config: Any) -> None:
     """Raises ValueError with one line naming the first bad key; never prepares data or compiles."""
     for key in POSITIVE:
@@ -136,6 +161,8 @@ def validate_config(config: Any) -> None:
             raise ValueError(f"{key}='{_get(config, key)}' is not one of: {', '.join(choices)}")
     if config.train.warmup_steps < 0:
         raise ValueError(f"train.warmup_steps must be >= 0, got {config.train.warmup_steps}")
+    _check_gates(config.heads.gates)
+    _check_init_from(config.train.init_from)
     validate_task_config(config.task)
     kernels = _check_model(config.model, task_kind(config.task))
     diversity.check_config(config.loss.diversity, kernels)

@@ -31,11 +31,20 @@ def learning_rate_schedule(tcfg: Any) -> optax.Schedule:
     return lambda step: peak * jnp.minimum((step + 1) / warmup, jnp.sqrt(warmup / jnp.maximum(step + 1, 1)))
 
 
-def make_optimizer(tcfg: Any) -> optax.GradientTransformation:
-    """AdamW (b2=0.98 as in the Transformer paper) after global-norm gradient clipping."""
+def make_optimizer(tcfg: Any, gates: Any = None) -> optax.GradientTransformation:
+    """AdamW (b2=0.98 as in the Transformer paper) after global-norm gradient clipping.
+
+    With head gates (``config.heads.gates.enabled``) their ``log_alpha`` get plain Adam at the constant
+    ``gates.lr`` and no weight decay: decay would pull every gate towards half-open, and at the model's learning rate
+    a gate needs thousands of steps to close.
+    """
+    model_tx = optax.adamw(learning_rate_schedule(tcfg), b1=0.9, b2=0.98, eps=1e-9, weight_decay=tcfg.weight_decay)
+    if gates is None or not gates.enabled:
+        return optax.chain(optax.clip_by_global_norm(tcfg.grad_clip), model_tx)
+    labels = lambda params: {k: jax.tree.map(lambda _: "gates" if k == "gates" else "model", v)
+                             for k, v in params.items()}
     return optax.chain(optax.clip_by_global_norm(tcfg.grad_clip),
-                       optax.adamw(learning_rate_schedule(tcfg), b1=0.9, b2=0.98, eps=1e-9,
-                                   weight_decay=tcfg.weight_decay))
+                       optax.multi_transform({"model": model_tx, "gates": optax.adam(gates.lr)}, labels))
 
 
 def init_state(params: Any, model_state: Any, tx: optax.GradientTransformation, seed: int) -> dict:
@@ -63,11 +72,14 @@ def forward(model: nnx.Module, batch: dict, kind: str, ctx: Ctx) -> tuple[jax.Ar
 
 
 def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTransformation, kind: str,
-               label_smoothing: float, diversity: Any = None) -> tuple[dict, dict]:
+               label_smoothing: float, diversity: Any = None, gates: Any = None,
+               num_steps: int = 1) -> tuple[dict, dict]:
     """One optimizer step; dropout keys are ``fold_in(rng, step)`` so a resumed run replays the same noise.
 
     ``diversity`` (``config.loss.diversity``): when any regularizer has a positive weight, the forward pass captures
     what it needs and the loss is task loss + the weighted regularizers (:mod:`attn_lab.train.diversity`).
+    ``gates`` (``config.heads.gates``): when enabled, the loss adds the gates' sparsity term
+    (:mod:`attn_lab.models.gates`).
     """
     key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
     regularize = diversity is not None and diversity_lib.active(diversity)
@@ -80,6 +92,9 @@ def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTra
         loss_sum, weight_sum = losses.cross_entropy(logits, labels, weights, label_smoothing)
         task_loss = loss_sum / jnp.maximum(weight_sum, 1.0)
         reg, terms = diversity_lib.regularizer(model, diversity) if regularize else (0.0, {})
+        if model.gates is not None:
+            penalty, gate_terms = model.gates.penalty(gates, state["step"] / num_steps)
+            reg, terms = reg + penalty, {**terms, **gate_terms}
         aux = (task_loss, terms, losses.correct(logits, labels, weights), weight_sum, model_state(model))
         return task_loss + reg, aux
 
@@ -89,8 +104,8 @@ def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTra
     new_state = {**state, "step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
                  "model_state": new_model_state, "opt_state": opt_state}
     metrics = {"loss": loss, "accuracy": hits / jnp.maximum(count, 1.0), "grad_norm": optax.global_norm(grads),
-               "tokens": count, **({"total_loss": total} if regularize else {}),
-               **{f"diversity/{name}": value for name, value in terms.items()}}
+               "tokens": count, **({"total_loss": total} if terms else {}),
+               **{name if "/" in name else f"diversity/{name}": value for name, value in terms.items()}}
     return new_state, metrics
 
 
@@ -103,11 +118,12 @@ def eval_step(state: dict, batch: dict, *, graphdef: Any, kind: str) -> dict:
 
 
 def compile_steps(graphdef: Any, tx: optax.GradientTransformation, kind: str, label_smoothing: float,
-                  num_seeds: int = 1, diversity: Any = None) -> tuple[Callable, Callable]:
+                  num_seeds: int = 1, diversity: Any = None, gates: Any = None,
+                  num_steps: int = 1) -> tuple[Callable, Callable]:
     """The jitted train step (state donated: updated in place) and eval step, over a leading seed axis of the state
     (and of the train batch; eval batches are shared by all seeds)."""
     train = functools.partial(train_step, graphdef=graphdef, tx=tx, kind=kind, label_smoothing=label_smoothing,
-                              diversity=diversity)
+                              diversity=diversity, gates=gates, num_steps=num_steps)
     evaluate = functools.partial(eval_step, graphdef=graphdef, kind=kind)
     return (jax.jit(seed_map(train, num_seeds, (0, 0)), donate_argnums=(0,)),
             jax.jit(seed_map(evaluate, num_seeds, (0, None))))

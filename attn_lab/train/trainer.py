@@ -19,6 +19,7 @@ from flax import nnx
 from attn_lab.analysis.capture import as_layers, capture_step, track_summary
 from attn_lab.data import load_task
 from attn_lab.models import build_model, count_params
+from attn_lab.models.gates import binary_gates
 from attn_lab.train import metrics as metrics_lib
 from attn_lab.train.checkpoint import Checkpointer
 from attn_lab.train.config import validate_config
@@ -48,13 +49,16 @@ class Run:
         self.task = load_task(config.task, config.task.data_dir)
         max_len = max(self.task.max_input_length, self.task.max_target_length or 0) + 1
         models = [build_model(config.model, kind=self.task.kind, vocab_size=self.task.vocab.size, max_len=max_len,
-                              num_classes=self.task.num_classes, seed=s) for s in self.seeds]
+                              num_classes=self.task.num_classes, seed=s, gates=config.heads.gates)
+                  for s in self.seeds]
         self.num_params = count_params(models[0])
         self.graphdef = nnx.split(models[0], nnx.Param, ...)[0]
-        tx, n = make_optimizer(config.train), len(self.seeds)
+        tx, n = make_optimizer(config.train, config.heads.gates), len(self.seeds)
         self.train_step, self.eval_step = compile_steps(self.graphdef, tx, self.task.kind,
                                                         config.train.label_smoothing, num_seeds=n,
-                                                        diversity=config.loss.diversity)
+                                                        diversity=config.loss.diversity,
+                                                        gates=config.heads.gates,
+                                                        num_steps=config.train.num_steps)
         self.decode = (compile_decode(self.graphdef, self.task.max_target_length, supports_cached_decoding(models[0]),
                                       num_seeds=n) if self.task.kind == "translation" else None)
         self.capture = (jax.jit(seed_map(capture_step(self.graphdef, self.task.kind), n, (0, None)))
@@ -63,6 +67,8 @@ class Run:
                   for m, s in zip(models, self.seeds)]
         self.ckpts = [Checkpointer(os.path.join(w, "checkpoints")) for w in self.workdirs]
         states, self.start_step = _restore(self.ckpts, states)
+        if config.train.init_from and not self.start_step:
+            states = [_init_from(config.train.init_from, s, self.main) for s in states]
         self.state = stack(states)
         self.loggers = [MetricLogger(w, c.to_dict(), mode=c.wandb.mode, project=c.wandb.project, group=c.wandb.group,
                                      tags=tuple(c.wandb.tags), name=c.wandb.name, resume_step=self.start_step,
@@ -138,6 +144,43 @@ def _restore(ckpts: list[Checkpointer], states: list[dict]) -> tuple[list[dict],
                           "delete the checkpoints folders to start again")
     step = max(common)
     return [c.restore(s, step) for c, s in zip(ckpts, states)], step
+
+
+def _init_from(path: str, state: dict, verbose: bool) -> dict:
+    """``state`` with every parameter that the finished run in ``path`` also has (same path, same shape) taken from
+    it; parameters it lacks (e.g. new head gates) keep their initialization; the optimizer starts fresh."""
+    from attn_lab.analysis.run import load_finished_run  # the source run's own config rebuilds its model
+
+    source = {tuple(p): v for p, v in _flat(load_finished_run(path).state["params"])}
+    loaded, params = [], {}
+    for p, v in _flat(state["params"]):
+        if p in source and source[p].shape != v.shape:
+            raise ValueError(f"train.init_from: parameter {'/'.join(map(str, p))} is {source[p].shape} in {path}, "
+                             f"{v.shape} here")
+        params[p] = source[p] if p in source else v
+        loaded += [p] if p in source else []
+    if verbose:
+        new = sorted({"/".join(map(str, p[:2])) for p in params if p not in source})
+        print(f"init_from {path}: {len(loaded)} of {len(params)} parameter arrays loaded"
+              + (f"; new: {', '.join(new)}" if new else ""), flush=True)
+    return {**state, "params": _unflat(params)}
+
+
+def _flat(tree: dict, prefix: tuple = ()) -> list[tuple[tuple, Any]]:
+    out = []
+    for k, v in tree.items():
+        out += _flat(v, (*prefix, k)) if isinstance(v, dict) else [((*prefix, k), v)]
+    return out
+
+
+def _unflat(flat: dict[tuple, Any]) -> dict:
+    out: dict = {}
+    for path, v in flat.items():
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = v
+    return out
 
 
 def _eval_history(workdir: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -252,6 +295,10 @@ def _finish(run: Run, i: int, step: int, test: dict[str, float], common: dict) -
     last, best = _eval_history(run.workdirs[i])
     results = {"final": {"validation": last, "test": test}, "best": best, **common,
                "config": run.configs[i].to_dict()}
+    gates = binary_gates(jax.tree.map(np.asarray, unstack(run.state, i)["params"]))
+    if gates is not None:  # which heads the binarized test-time gates keep
+        total = sum(np.size(g) for g in gates.values())
+        results["gates"] = {"binary": gates, "kept": int(sum(np.sum(g) for g in gates.values())), "total": total}
     run.loggers[i].log(step, {f"test/{k}": v for k, v in test.items()})
     run.loggers[i].summary({"final/" + k: v for k, v in test.items()})
     if run.main:
