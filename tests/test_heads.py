@@ -81,14 +81,15 @@ def test_pruning_removes_the_zero_importance_head_first_and_keeps_one_head():
     model, graphdef, state, batch = _tiny_state(zero_head=1)
     shapes = importance.mask_shapes(model)
     scores, sums = importance.compile_analysis(graphdef, "translation")
+    score = importance.accuracy_scorer([batch], scores)
     for rescore in (False, True):
-        curve = pruning_curve(state, [batch], shapes, scores, sums, order="importance", fraction=1 / 6,
+        curve = pruning_curve(state, [batch], shapes, score, sums, order="importance", fraction=1 / 6,
                               rescore=rescore)
         assert [p["pruned"] for p in curve] == [0, 1, 2, 3, 4, 5]
         assert curve[1]["score"] == curve[0]["score"]  # the head with importance 0 goes first and changes nothing
-    reverse = pruning_curve(state, [batch], shapes, scores, sums, order="reverse", fraction=0.5)
+    reverse = pruning_curve(state, [batch], shapes, score, sums, order="reverse", fraction=0.5)
     assert [p["percent"] for p in reverse] == [0.0, 50.0]
-    randoms = [pruning_curve(state, [batch], shapes, scores, sums, order="random", fraction=1 / 6, seed=s)
+    randoms = [pruning_curve(state, [batch], shapes, score, sums, order="random", fraction=1 / 6, seed=s)
                for s in (0, 0, 1)]
     assert randoms[0] == randoms[1]
 
@@ -138,8 +139,19 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     c.wandb.mode = "disabled"
     train_and_evaluate(c, str(tmp_path / "run"))
     script = _load("scripts/analyze_heads.py")
-    assert script.main(["--workdir", str(tmp_path / "run"), "--max-batches", "1", "--prune-fraction", "0.5"]) == 0
+    assert script.main(["--workdir", str(tmp_path / "run"), "--max-batches", "1", "--prune-fraction", "0.5",
+                        "--finetune-steps", "2", "--gate-targets", "0.5", "--gate-steps", "4",
+                        "--speed-batch", "8"]) == 0
     out = tmp_path / "run" / "analysis"
+    structural = json.loads((out / "structural.json").read_text())
+    assert structural["heads_per_layer"] == {"encoder_self": [1, 1]} and structural["max_abs_diff"] < 1e-4
+    assert structural["params_pruned"] < structural["params_full"] and structural["speedup_vs_full"] > 0
+    gates = json.loads((out / "gates.json").read_text())
+    assert [(g["target"], g["kept"]) for g in gates] == [(1.0, 4), (0.5, 2)]
+    finetuned = json.loads((out / "finetune" / "random" / "step1" / "results.json").read_text())
+    assert finetuned["steps"] == 2 and finetuned["config"]["train"]["init_from"] == str(tmp_path / "run")
+    masked = finetuned["config"]["model"]["kinds"]["encoder_self"]["head_mask"]
+    assert sorted(masked.replace(";", ",").split(",")) == ["0", "0", "1", "1"]  # half the heads pruned
     imp = json.loads((out / "importance.json").read_text())
     assert np.asarray(imp["encoder_self"]).shape == (2, 2)
     ablate = json.loads((out / "ablate.json").read_text())
@@ -149,9 +161,10 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     assert (out / "importance.png").stat().st_size > 0 and (out / "diagnose_entropy.png").exists()
     assert len(diag["encoder_self/1"]["gradient_norm"]) == 2 and (out / "maps_encoder_self.png").exists()
     prune = json.loads((out / "prune.json").read_text())
-    assert set(prune) == {"importance", "reverse", "random"} and (out / "prune.png").exists()
+    assert {"importance", "reverse", "random"} <= set(prune) and (out / "prune.png").exists()
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]  # what W&B gets too
-    assert [line["step"] for line in logged] == [0, 1] and {"prune/random", "prune/percent"} <= set(logged[1])
+    assert [line["step"] for line in logged] == [0, 1, 2, 3]  # prune's two steps, then the gates' two rows
+    assert {"prune/random", "prune/percent"} <= set(logged[1]) and "gates/kept" in logged[3]
 
 
 def test_heads_track_logs_per_head_diagnostics_at_each_evaluation(tmp_path):

@@ -83,6 +83,11 @@ def _valid(batch: dict) -> np.ndarray:
     return (np.asarray(batch["targets"]) != 0).any(-1).astype(np.float32)
 
 
+Scorer = Callable[[dict, dict], tuple[np.ndarray, float]]
+"""``score(state, masks) -> (per-example scores, corpus value)`` with static masks ``{kind: [L, N]}``; the
+per-example scores pair up across masks for the bootstrap, the value is what tables report (mean accuracy, BLEU)."""
+
+
 def scores_under(state: dict, batches: list[dict], masks: dict[str, np.ndarray], scores: Callable) -> np.ndarray:
     """Per-example accuracy (token accuracy for translation) over ``batches`` with static masks ``[L, N]``."""
     out = []
@@ -94,6 +99,14 @@ def scores_under(state: dict, batches: list[dict], masks: dict[str, np.ndarray],
     return np.concatenate(out)
 
 
+def accuracy_scorer(batches: list[dict], scores: Callable) -> Scorer:
+    """Teacher-forced per-example accuracy; the value is its mean. One forward pass per batch: cheap."""
+    def score(state, masks):
+        per = scores_under(state, batches, masks, scores)
+        return per, float(per.mean())
+    return score
+
+
 def paired_bootstrap(base: np.ndarray, other: np.ndarray, samples: int = 1000, seed: int = 0) -> float:
     """p-value that ``other`` is not worse than ``base`` (share of resamples where its mean is >= base's)."""
     rng = np.random.default_rng(seed)
@@ -101,30 +114,28 @@ def paired_bootstrap(base: np.ndarray, other: np.ndarray, samples: int = 1000, s
     return float(((other[idx].mean(1) - base[idx].mean(1)) >= 0).mean())
 
 
-def single_head_ablation(state: dict, batches: list[dict], shapes: dict[str, tuple[int, int]],
-                         scores: Callable) -> dict[str, Any]:
+def single_head_ablation(state: dict, shapes: dict[str, tuple[int, int]], score: Scorer) -> dict[str, Any]:
     """Each head masked alone: the metric's change and its paired-bootstrap p-value, per kind ``[L, N]``."""
     full = {k: np.ones(s) for k, s in shapes.items()}
-    base = scores_under(state, batches, full, scores)
-    out: dict[str, Any] = {"baseline": float(base.mean())}
+    base, base_value = score(state, full)
+    out: dict[str, Any] = {"baseline": base_value}
     for kind, (layers, heads) in shapes.items():
         delta, p = np.zeros((layers, heads)), np.zeros((layers, heads))
         for layer in range(layers):
             for head in range(heads):
                 masks = {k: v.copy() for k, v in full.items()}
                 masks[kind][layer, head] = 0.0
-                ablated = scores_under(state, batches, masks, scores)
-                delta[layer, head] = ablated.mean() - base.mean()
+                ablated, value = score(state, masks)
+                delta[layer, head] = value - base_value
                 p[layer, head] = paired_bootstrap(base, ablated)
         out[kind] = {"delta": delta.tolist(), "p_not_worse": p.tolist()}
     return out
 
 
-def all_but_one(state: dict, batches: list[dict], shapes: dict[str, tuple[int, int]],
-                scores: Callable) -> dict[str, Any]:
+def all_but_one(state: dict, shapes: dict[str, tuple[int, int]], score: Scorer) -> dict[str, Any]:
     """Michel et al. Table 2: per layer and kind, the metric keeping only the best single head (others masked)."""
     full = {k: np.ones(s) for k, s in shapes.items()}
-    base = float(scores_under(state, batches, full, scores).mean())
+    base = score(state, full)[1]
     out: dict[str, Any] = {"baseline": base}
     for kind, (layers, heads) in shapes.items():
         rows = []
@@ -134,7 +145,7 @@ def all_but_one(state: dict, batches: list[dict], shapes: dict[str, tuple[int, i
                 masks = {k: v.copy() for k, v in full.items()}
                 masks[kind][layer] = 0.0
                 masks[kind][layer, head] = 1.0
-                best = max(best, (float(scores_under(state, batches, masks, scores).mean()), head))
+                best = max(best, (score(state, masks)[1], head))
             rows.append({"layer": layer, "best_head": best[1], "score": best[0], "delta": best[0] - base})
         out[kind] = rows
     return out

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from attn_lab.analysis.importance import head_importance, scores_under
+from attn_lab.analysis.importance import Scorer, head_importance
 
 ORDERS = ("importance", "reverse", "random")
 
@@ -32,10 +32,14 @@ def _ranked(scores: dict[str, np.ndarray], masks: dict[str, np.ndarray], order: 
     return [alive[i] for i in (idx[::-1] if order == "reverse" else idx)]
 
 
-def pruning_curve(state: dict, batches: list[dict], shapes: dict[str, tuple[int, int]], scores: Callable,
+def pruning_curve(state: dict, batches: list[dict], shapes: dict[str, tuple[int, int]], score: Scorer,
                   importance_sums: Callable, *, order: str = "importance", fraction: float = 0.1,
-                  rescore: bool = False, seed: int = 0) -> list[dict]:
-    """Metric (mean per-example accuracy) after pruning 0%, 10%, ... of all heads; one dict per step."""
+                  rescore: bool = False, seed: int = 0, finetune: Callable | None = None) -> list[dict]:
+    """The metric after pruning 0%, 10%, ... of all heads; one dict per step.
+
+    ``finetune(state, masks, step) -> state``: trains the pruned model between steps (Michel et al. Section 4.2's
+    optional retraining); importance (when re-scored) and the metric then use the fine-tuned state.
+    """
     if order not in ORDERS:
         raise ValueError(f"pruning order {order!r} is not one of {ORDERS}")
     rng = np.random.default_rng(seed)
@@ -46,14 +50,25 @@ def pruning_curve(state: dict, batches: list[dict], shapes: dict[str, tuple[int,
     curve = []
     while True:
         pruned = total - int(sum(m.sum() for m in masks.values()))
-        curve.append({"pruned": pruned, "percent": 100.0 * pruned / total,
-                      "score": float(scores_under(state, batches, masks, scores).mean())})
+        curve.append({"pruned": pruned, "percent": 100.0 * pruned / total, "score": score(state, masks)[1]})
         if pruned + per_step >= total:  # keep at least one head
             return curve
         if rescore and order != "random":
             imp = _importance_at(state, batches, masks, importance_sums)
         for kind, layer, head in _ranked(imp, masks, order, rng)[:per_step]:
             masks[kind][layer, head] = 0.0
+        if finetune is not None:
+            state = finetune(state, masks, len(curve))
+
+
+def prune_masks(importance: dict[str, np.ndarray], percent: float) -> dict[str, np.ndarray]:
+    """0/1 masks removing the ``percent`` least important heads (per-layer normalized scores; one head kept)."""
+    masks = {k: np.ones(v.shape) for k, v in importance.items()}
+    total = sum(m.size for m in masks.values())
+    count = min(int(round(percent / 100.0 * total)), total - 1)
+    for kind, layer, head in _ranked(importance, masks, "importance", np.random.default_rng(0))[:count]:
+        masks[kind][layer, head] = 0.0
+    return masks
 
 
 def _importance_at(state: dict, batches: list[dict], masks: dict[str, np.ndarray],

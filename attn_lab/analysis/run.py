@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
@@ -16,7 +17,9 @@ from attn_lab.analysis.capture import as_layers, capture_step
 from attn_lab.data import Task, load_task
 from attn_lab.models import build_model
 from attn_lab.train.checkpoint import Checkpointer
-from attn_lab.train.steps import init_state, make_optimizer, model_state
+from attn_lab.train.decode import compile_decode, supports_cached_decoding
+from attn_lab.train.metrics import translation_scores
+from attn_lab.train.steps import init_state, make_optimizer, merge, model_state
 
 
 @dataclasses.dataclass
@@ -30,6 +33,22 @@ class FinishedRun:
     @property
     def kind(self) -> str:
         return self.task.kind
+
+    def decode_scorer(self, batches: list[dict], split: str, metric: str) -> Callable:
+        """A :data:`~attn_lab.analysis.importance.Scorer` that greedy-decodes ``batches`` (the first batches of
+        ``split``) under head masks: per-example exact match, and the corpus value ``metric`` ('bleu' or
+        'exact_match')."""
+        decode = compile_decode(self.graphdef, self.task.max_target_length,
+                                supports_cached_decoding(merge(self.graphdef, self.state)))
+        refs = self.task.references(split)
+
+        def score(state, masks):
+            masks = {k: jnp.asarray(v, jnp.float32) for k, v in masks.items()}
+            hyps = [self.task.decode(row) for b in batches for row in np.asarray(decode(state, b["inputs"], masks))]
+            hyps = hyps[: len(refs)]  # the last batch's padding rows have no reference
+            scores = translation_scores(hyps, refs[: len(hyps)], self.config.eval.bleu_tokenize)
+            return np.array([h == r for h, r in zip(hyps, refs)], np.float64), scores[metric]
+        return score
 
     def batches(self, split: str, max_batches: int | None = None) -> list[dict]:
         ds = self.task.dataset(split, self.config.train.batch_size, train=False)
@@ -59,6 +78,15 @@ def load_finished_run(workdir: str) -> FinishedRun:
     finally:
         ckpt.close()
     return FinishedRun(config, task, graphdef, state, int(step))
+
+
+def finished_results(workdir: str) -> dict:
+    """``workdir/results.json`` (written when a run reaches its last step)."""
+    path = os.path.join(workdir, "results.json")
+    if not os.path.exists(path):
+        raise ValueError(f"{workdir} has no results.json: the run has not finished")
+    with open(path) as f:
+        return json.load(f)
 
 
 def capture_maps(run: FinishedRun, batch: dict) -> dict[str, dict[str, np.ndarray]]:

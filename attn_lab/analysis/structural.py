@@ -12,10 +12,13 @@ import time
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attn_lab.models import Ctx, count_params
 from attn_lab.train.diversity import attention_layers
+from attn_lab.train.steps import merge
 
 
 def prune_model(model: nnx.Module, masks: dict[str, np.ndarray]) -> nnx.Module:
@@ -68,3 +71,41 @@ def compare_speed(fns: dict[str, Callable[[], Any]], repeats: int = 20, rounds: 
                 jax.block_until_ready(fn())
             times[name].append((time.perf_counter() - start) / repeats)
     return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def compile_forward(model: nnx.Module, kind: str) -> Callable:
+    """Jitted ``(batch, head_masks=None) -> logits`` of a Seq2Seq (teacher-forced) or Classifier at test time."""
+    graphdef, state = nnx.split(model)
+
+    def forward(state, batch, head_masks):
+        m = nnx.merge(graphdef, state)
+        if kind == "translation":
+            return m(batch["inputs"], batch["targets"], Ctx(), head_masks=head_masks)  # (B, T, V)
+        return m(batch["inputs"], Ctx(), head_masks=head_masks)  # (B, C)
+
+    jitted = jax.jit(forward)
+    return lambda batch, head_masks=None: jitted(state, batch, head_masks)
+
+
+def tile_batch(batch: dict, rows: int) -> dict:
+    """``batch`` repeated along its first axis to exactly ``rows`` examples (a fixed batch size for timing)."""
+    return {k: np.resize(v, (rows, *np.shape(v)[1:])) for k, v in batch.items()}
+
+
+def speed_report(graphdef: Any, state: dict, masks: dict[str, np.ndarray], kind: str, batch: dict) -> dict:
+    """Prunes the model of a training state, checks it against the masked model, and times the full, masked and
+    pruned forward passes in one interleaved run."""
+    model = merge(graphdef, state)
+    pruned = prune_model(model, masks)
+    full_fn, pruned_fn = compile_forward(model, kind), compile_forward(pruned, kind)
+    jmasks = {k: jnp.asarray(v, jnp.float32) for k, v in masks.items()}
+    diff = float(jnp.abs(pruned_fn(batch) - full_fn(batch, jmasks)).max())
+    seconds = compare_speed({"full": lambda: full_fn(batch), "masked": lambda: full_fn(batch, jmasks),
+                             "pruned": lambda: pruned_fn(batch)})
+    total = sum(m.size for m in masks.values())
+    return {"percent_pruned": 100.0 * (total - sum(m.sum() for m in masks.values())) / total,
+            "masks": {k: v.tolist() for k, v in masks.items()}, "heads_per_layer": heads_left(pruned),
+            "params_full": count_params(model), "params_pruned": count_params(pruned),
+            "batch_size": int(np.shape(batch["inputs"])[0]), "max_abs_diff": diff, "seconds_per_forward": seconds,
+            "speedup_vs_full": seconds["full"] / seconds["pruned"],
+            "speedup_vs_masked": seconds["masked"] / seconds["pruned"]}

@@ -4,8 +4,8 @@ Each head of each attention kind gets a gate ``z`` in [0, 1] multiplying its out
 masks). In training ``z`` is a stretched, clipped sample of a binary-concrete variable with learned location
 ``log_alpha``, so exact zeros have positive probability and the expected number of open gates,
 ``sum_h P(z_h != 0)``, is differentiable: that is the L0 penalty. At test time the gates are binarized
-(the ``round(sum_h P(z_h != 0))`` heads with the largest ``log_alpha`` get 1, the others 0), so evaluation runs a
-truly pruned model with as many heads as training expected.
+(the ``k`` heads with the largest ``log_alpha`` get 1, the others 0; see :func:`binarize`), so evaluation runs a
+truly pruned model.
 
 Two ways to ask for sparsity (``config.heads.gates``):
 - ``l0 = lambda``: loss += lambda * sum_h P(z_h != 0) (Voita et al.'s penalty; the number of heads kept follows);
@@ -36,8 +36,8 @@ class Multiplier(nnx.Variable):
 class HeadGates(nnx.Module):
     """``log_alpha`` per attention kind ``[layers, heads]``; calls return gates to multiply into head masks."""
 
-    def __init__(self, shapes: dict[str, tuple[int, int]], init: float = 3.0):
-        self.kinds = tuple(shapes)
+    def __init__(self, shapes: dict[str, tuple[int, int]], init: float = 3.0, target: float | None = None):
+        self.kinds, self.target = tuple(shapes), target
         self.log_alpha = nnx.Dict({k: nnx.Param(jnp.full(s, init, jnp.float32)) for k, s in shapes.items()})
         self.multiplier = Multiplier(jnp.zeros((2,), jnp.float32))
 
@@ -46,7 +46,7 @@ class HeadGates(nnx.Module):
         """Gates for ``kinds``: ``[batch, L, N]`` samples in training, binary ``[L, N]`` when deterministic."""
         log_alpha = {k: self.log_alpha[k][...] for k in self.kinds}  # each (L, N)
         if deterministic:
-            return {k: v for k, v in binarize(log_alpha).items() if k in kinds}
+            return {k: v for k, v in binarize(log_alpha, self.target).items() if k in kinds}
         out = {}
         for kind in kinds:
             u = jax.random.uniform(rngs.dropout(), (batch, *log_alpha[kind].shape), minval=1e-6, maxval=1 - 1e-6)
@@ -85,19 +85,26 @@ def open_probability(log_alpha: dict[str, jax.Array]) -> jax.Array:
     return jnp.concatenate([jax.nn.sigmoid(v - shift).ravel() for v in log_alpha.values()])
 
 
-def binarize(log_alpha: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """Test-time gates: the ``k = round(sum_h P(z_h != 0))`` heads with the largest ``log_alpha`` (over all kinds)
-    get 1, the rest 0 -- so the number of heads kept is the expected L0 norm the training constrained."""
+def binarize(log_alpha: dict[str, jax.Array], target: float | None = None) -> dict[str, jax.Array]:
+    """Test-time gates: the ``k`` heads with the largest ``log_alpha`` (over all kinds) get 1, the rest 0.
+
+    ``k = round(target * heads)`` when a target share was asked for (the constraint decides which heads survive;
+    the count is what the user asked, even while the dual ascent still oscillates around it), else
+    ``k = round(sum_h P(z_h != 0))``, the expected L0 norm the penalty trained.
+    """
     flat = jnp.concatenate([v.ravel() for v in log_alpha.values()])  # (heads,)
-    k = jnp.round(open_probability(log_alpha).sum()).astype(jnp.int32)
+    if target is None:
+        k = jnp.round(open_probability(log_alpha).sum()).astype(jnp.int32)
+    else:
+        k = jnp.int32(max(1, round(target * flat.size)))
     top = jnp.sort(flat)[::-1]
     threshold = jnp.where(k > 0, top[jnp.maximum(k - 1, 0)], jnp.inf)
     return {kind: (v >= threshold).astype(jnp.float32) for kind, v in log_alpha.items()}
 
 
-def binary_gates(params: dict) -> dict[str, list[list[float]]] | None:
+def binary_gates(params: dict, target: float | None = None) -> dict[str, list[list[float]]] | None:
     """Test-time 0/1 gates per kind from a (pure dict) parameter tree; None when the model has no gates."""
     if "gates" not in params:
         return None
     return {k: np.asarray(v).tolist() for k, v in binarize(
-        {k: jnp.asarray(v) for k, v in params["gates"]["log_alpha"].items()}).items()}
+        {k: jnp.asarray(v) for k, v in params["gates"]["log_alpha"].items()}, target).items()}

@@ -158,7 +158,7 @@ class Stack(nnx.Module):
 
 def make_gates(gates: Any, shapes: dict[str, tuple[int, int]]) -> HeadGates | None:
     """L0 head gates when ``config.heads.gates.enabled`` (see :mod:`attn_lab.models.gates`)."""
-    return HeadGates(shapes, gates.init) if gates is not None and gates.enabled else nnx.data(None)
+    return HeadGates(shapes, gates.init, gates.target) if gates is not None and gates.enabled else nnx.data(None)
 
 
 def gated(gates: HeadGates | None, head_masks: dict | None, kinds: tuple[str, ...], ctx: Ctx,

@@ -15,15 +15,16 @@ from attn_lab.train.seeds import seed_map
 from attn_lab.train.steps import merge
 
 
-def greedy_decode(state: dict, inputs: jax.Array, *, graphdef: Any, max_len: int) -> jax.Array:
-    """``inputs [B, S]`` -> greedy target ids ``[B, max_len]`` (0 after EOS).
+def greedy_decode(state: dict, inputs: jax.Array, head_masks: dict | None = None, *, graphdef: Any,
+                  max_len: int) -> jax.Array:
+    """``inputs [B, S]`` -> greedy target ids ``[B, max_len]`` (0 after EOS); ``head_masks``: ``{kind: [L, N]}``.
 
     The encoder runs once; each loop step feeds one token to the decoder with ``decode=True`` so its self-attention
     reads and extends the KV cache; the loop stops early once every row has produced EOS.
     """
     model = merge(graphdef, state)
     batch = inputs.shape[0]
-    memory = model.encode(inputs)  # (B, S, d)
+    memory = model.encode(inputs, head_masks=head_masks)  # (B, S, d)
     model.init_cache(batch, max_len)
     cache_def, cache_state = nnx.split(model)
 
@@ -34,7 +35,8 @@ def greedy_decode(state: dict, inputs: jax.Array, *, graphdef: Any, max_len: int
     def body(carry):
         i, state, token, out, done = carry
         m = nnx.merge(cache_def, state)
-        logits = m.decode(token[:, None], memory, inputs, Ctx(decode=True), start=i)  # (B, 1, V)
+        logits = m.decode(token[:, None], memory, inputs, Ctx(decode=True), start=i,
+                          head_masks=head_masks)  # (B, 1, V)
         nxt = jnp.where(done, 0, logits[:, 0].argmax(-1)).astype(jnp.int32)  # (B,)
         return i + 1, nnx.state(m), nxt, out.at[:, i].set(nxt), done | (nxt == EOS)
 
@@ -43,18 +45,19 @@ def greedy_decode(state: dict, inputs: jax.Array, *, graphdef: Any, max_len: int
     return jax.lax.while_loop(cond, body, start)[3]
 
 
-def greedy_decode_uncached(state: dict, inputs: jax.Array, *, graphdef: Any, max_len: int) -> jax.Array:
+def greedy_decode_uncached(state: dict, inputs: jax.Array, head_masks: dict | None = None, *, graphdef: Any,
+                           max_len: int) -> jax.Array:
     """Same result as :func:`greedy_decode` without a KV cache: step ``i`` runs the causal decoder over the whole
     ``[B, max_len]`` buffer and reads position ``i`` (later positions cannot affect it). O(max_len^2) work, for
     kernels that define causal attention but not incremental decoding."""
     model = merge(graphdef, state)
     batch = inputs.shape[0]
-    memory = model.encode(inputs)  # (B, S, d)
+    memory = model.encode(inputs, head_masks=head_masks)  # (B, S, d)
 
     def body(i, carry):
         out, done = carry  # (B, max_len), (B,)
         decoder_inputs = jnp.pad(out, ((0, 0), (1, 0)), constant_values=BOS)[:, :-1]  # (B, max_len)
-        logits = model.decode(decoder_inputs, memory, inputs)  # (B, max_len, V)
+        logits = model.decode(decoder_inputs, memory, inputs, head_masks=head_masks)  # (B, max_len, V)
         nxt = jnp.where(done, 0, logits[:, i].argmax(-1)).astype(jnp.int32)  # (B,)
         return out.at[:, i].set(nxt), done | (nxt == EOS)
 

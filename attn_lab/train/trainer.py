@@ -295,7 +295,7 @@ def _finish(run: Run, i: int, step: int, test: dict[str, float], common: dict) -
     last, best = _eval_history(run.workdirs[i])
     results = {"final": {"validation": last, "test": test}, "best": best, **common,
                "config": run.configs[i].to_dict()}
-    gates = binary_gates(jax.tree.map(np.asarray, unstack(run.state, i)["params"]))
+    gates = binary_gates(jax.tree.map(np.asarray, unstack(run.state, i)["params"]), run.config.heads.gates.target)
     if gates is not None:  # which heads the binarized test-time gates keep
         total = sum(np.size(g) for g in gates.values())
         results["gates"] = {"binary": gates, "kept": int(sum(np.sum(g) for g in gates.values())), "total": total}

@@ -1,0 +1,64 @@
+"""PNG plots for head analyses and result tables (matplotlib, Agg backend, atomic writes)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str) -> None:
+    """Writes the PNG atomically (a temp file renamed into place) and frees the figure."""
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    _pyplot().close(fig)
+    os.replace(tmp, path)
+
+
+def grid_plot(path: str, grids: dict[str, np.ndarray], title: str) -> None:
+    """One layer x head heatmap per attention kind, side by side."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(grids), figsize=(4 * len(grids), 3), squeeze=False)
+    for ax, (kind, grid) in zip(axes[0], grids.items()):
+        im = ax.imshow(np.asarray(grid), cmap="viridis", aspect="auto")
+        ax.set(title=kind, xlabel="head", ylabel="layer")
+        fig.colorbar(im, ax=ax)
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def line_plot(path: str, lines: dict[str, tuple[list[float], list[float]]], *, xlabel: str, ylabel: str,
+              title: str) -> None:
+    """One line per name through its (x, y) points, e.g. a metric vs % of heads pruned per pruning order."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for name, (x, y) in lines.items():
+        ax.plot(x, y, marker="o", label=name)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend()
+    _save(fig, path)
+
+
+def maps_plot(path: str, captured: dict, kind: str, example: int) -> None:
+    """Attention maps of one example: a row per layer, a column per head (valid keys only)."""
+    plt = _pyplot()
+    names = sorted(n for n in captured if n.startswith(kind + "/"))
+    heads = captured[names[0]]["maps"].shape[1]
+    fig, axes = plt.subplots(len(names), heads, figsize=(2 * heads, 2 * len(names)), squeeze=False)
+    for row, name in enumerate(names):
+        valid = captured[name]["valid_keys"][example]
+        for head in range(heads):
+            grid = captured[name]["maps"][example, head]
+            axes[row][head].imshow(grid[:, valid], cmap="viridis")  # (queries, valid keys)
+            axes[row][head].set(title=f"{name} h{head}", xticks=[], yticks=[])
+    _save(fig, path)
