@@ -22,6 +22,7 @@ import sys
 from attn_lab.sweep.runner import collect, format_table, override_flags, run_sweep, write_csv
 from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment
 from attn_lab.sweep.wandb_sweep import sweep_definition, trial_from_wandb, write_sweep_yaml
+from attn_lab.train.logging import write_json_atomic
 from attn_lab.train.seeds import parse_seeds
 
 
@@ -86,6 +87,9 @@ def main(argv: list[str]) -> int:
             print(t.name, " ".join(override_flags(t.overrides)))
         return 0
     os.makedirs(args.workdir, exist_ok=True)
+    path, _, preset = args.config.partition(":")  # for scripts/make_tables.py
+    write_json_atomic(os.path.join(args.workdir, "sweep.json"), {
+        "experiment": f"{os.path.abspath(path)}:{preset or 'quick'}", "root": exp.root, "name": exp.name})
     statuses = run_sweep(exp, trials, args.workdir, parallel=args.parallel, extra=extra, vmap_seeds=args.vmap_seeds)
     rows = collect(exp, args.workdir, statuses)
     write_csv(rows, os.path.join(args.workdir, "results.csv"))

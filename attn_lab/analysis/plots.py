@@ -38,12 +38,17 @@ def grid_plot(path: str, grids: dict[str, np.ndarray], title: str) -> None:
 
 
 def line_plot(path: str, lines: dict[str, tuple[list[float], list[float]]], *, xlabel: str, ylabel: str,
-              title: str) -> None:
-    """One line per name through its (x, y) points, e.g. a metric vs % of heads pruned per pruning order."""
+              title: str, spread: dict[str, list[tuple[float, float]]] | None = None) -> None:
+    """One line per name through its (x, y) points, e.g. a metric vs % of heads pruned per pruning order;
+    ``spread[name]``: a (low, high) error bar per point (e.g. the seeds' range)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for name, (x, y) in lines.items():
-        ax.plot(x, y, marker="o", label=name)
+        if spread and name in spread:
+            low, high = np.array(spread[name]).T
+            ax.errorbar(x, y, yerr=[np.array(y) - low, high - np.array(y)], marker="o", capsize=3, label=name)
+        else:
+            ax.plot(x, y, marker="o", label=name)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.legend()
     _save(fig, path)

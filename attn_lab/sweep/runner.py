@@ -73,7 +73,22 @@ def run_group(exp: Experiment, group: list[Trial], workdir: str, extra: list[str
                else group_command(exp, todo, workdir, extra))
         status = _run(cmd, dirs)
         statuses.update({t.name: status for t in todo})
+    for t in group:
+        if exp.analyze and statuses[t.name] in ("ok", "skipped") and not analyzed(exp, os.path.join(workdir, t.name)):
+            statuses[t.name] = _run(analysis_command(exp, os.path.join(workdir, t.name)), [])
     return {t.name: statuses[t.name] for t in group}
+
+
+def analysis_command(exp: Experiment, trial_dir: str) -> list[str]:
+    """``scripts/analyze_heads.py`` on a finished trial with the experiment's ``analyze`` flags."""
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in exp.analyze.items()]
+    return [sys.executable, os.path.join(exp.root, "scripts", "analyze_heads.py"), "--workdir", trial_dir, *flags]
+
+
+def analyzed(exp: Experiment, trial_dir: str) -> bool:
+    """Whether every method in the experiment's ``analyze['what']`` has written its JSON for this trial."""
+    what = [w.strip() for w in str(exp.analyze.get("what", "importance")).split(",") if w.strip()]
+    return all(os.path.exists(os.path.join(trial_dir, "analysis", f"{w}.json")) for w in what)
 
 
 def run_trial(exp: Experiment, trial: Trial, workdir: str, extra: list[str]) -> str:
@@ -82,7 +97,8 @@ def run_trial(exp: Experiment, trial: Trial, workdir: str, extra: list[str]) -> 
 
 
 def _run(cmd: list[str], dirs: list[str]) -> str:
-    """Runs a training command writing into ``dirs``; a failure leaves its last stderr lines in each error.txt."""
+    """Runs a command writing into ``dirs``; a failure leaves its last stderr lines in each error.txt (and in the
+    returned status)."""
     for d in dirs:
         os.makedirs(d, exist_ok=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -113,7 +129,7 @@ def collect(exp: Experiment, workdir: str, statuses: dict[str, str] | None = Non
     """One row per trial: swept values, status, final test and best validation metrics, params, steps/s."""
     rows = []
     for trial in exp.trials():
-        row = {k.split(".")[-1] if k != "seed" else "seed": trial.overrides[k] for k in exp.swept_keys()}
+        row = {k.split(".")[-1]: trial.point[k] for k in exp.swept_keys()}
         row["trial"] = trial.name
         results_path = os.path.join(workdir, trial.name, "results.json")
         if os.path.exists(results_path):

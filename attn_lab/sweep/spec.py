@@ -8,7 +8,12 @@ An experiment file (``experiments/<table>.py``) has ``get_experiment(preset) -> 
 - ``grid``: ``{'dotted.key': [values]}``, crossed as a product;
 - ``zip``: a list of ``{'dotted.key': [values], ...}`` groups whose lists advance together (one axis each), e.g.
   ``num_heads`` with ``head_dim`` for fixed-d_k head-count ablations;
-- ``seeds``: list of seeds (crossed with everything else).
+- ``variants``: ``{'name': {'dotted.key': value, ...}}``, one axis of named settings (``variant=<name>`` in the trial
+  name), for tables whose rows are not a product -- e.g. head-count rows, MQA and GQA in one sweep;
+- ``seeds``: list of seeds (crossed with everything else);
+- ``analyze``: ``{'what': 'ablate,prune', 'metric': 'bleu', ...}``: ``scripts/analyze_heads.py`` flags run on every
+  trial once it finishes (skipped when its ``analysis/<method>.json`` files exist);
+- ``report``: which table ``scripts/make_tables.py`` makes (``head_count``, ``pruning``, ``diversity``, ``variants``).
 
 Everything is checked against the base config before any trial starts: unknown keys, empty axes, zipped lists of
 unequal length and duplicate trials each stop with one line.
@@ -25,15 +30,17 @@ from typing import Any
 
 import ml_collections
 
-KEYS = ("name", "config", "overrides", "grid", "zip", "seeds")
+KEYS = ("name", "config", "overrides", "grid", "zip", "variants", "seeds", "analyze", "report")
 
 
 @dataclasses.dataclass(frozen=True)
 class Trial:
-    """One training run of a sweep: its folder name and the overrides that define it (seed included)."""
+    """One training run of a sweep: its folder name, the overrides that define it (seed included) and its swept
+    values (``point``: what names it; a variant appears by name, its overrides are in ``overrides``)."""
 
     name: str
     overrides: dict[str, Any]
+    point: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +49,11 @@ class Experiment:
     config: str  # 'configs/x.py[:preset]', relative to root
     root: str
     overrides: dict[str, Any]
-    axes: list[list[dict[str, Any]]]  # each axis: its points, a point being {key: value}
+    axes: list[list[dict[str, Any]]]  # each axis: its points, a point being {key: value} ('variant': a name)
     seeds: list[int]
+    variants: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    analyze: dict[str, Any] = dataclasses.field(default_factory=dict)
+    report: str | None = None
 
     def trials(self) -> list[Trial]:
         """Every combination of the axes and seeds, named from its swept values."""
@@ -51,7 +61,9 @@ class Experiment:
         for combo in itertools.product(*self.axes, [{"seed": s} for s in self.seeds]):
             point = {k: v for part in combo for k, v in part.items()}
             name = ",".join(f"{k.split('.')[-1]}={_text(v)}" for k, v in point.items())
-            out.append(Trial(name=re.sub(r"[^\w=,.+-]", "_", name), overrides={**self.overrides, **point}))
+            overrides = {**self.overrides, **self.variants.get(point.get("variant"), {}),
+                         **{k: v for k, v in point.items() if k != "variant"}}
+            out.append(Trial(name=re.sub(r"[^\w=,.+-]", "_", name), overrides=overrides, point=point))
         return out
 
     def swept_keys(self) -> list[str]:
@@ -100,11 +112,18 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
         if len(set(lengths.values())) != 1:
             raise ValueError(f"{path}: zipped axes have unequal lengths {lengths}")
         axes.append([dict(zip(group, point)) for point in zip(*group.values())])
-    for key in [*raw.get("overrides", {}), *(k for axis in axes for k in axis[0])]:
+    variants = raw.get("variants", {})
+    if "variants" in raw:
+        if not variants:
+            _empty(path, "variants")
+        axes.append([{"variant": name} for name in variants])
+    variant_keys = [k for ov in variants.values() for k in ov]
+    for key in [*raw.get("overrides", {}), *(k for axis in axes for k in axis[0] if k != "variant"), *variant_keys]:
         _check_key(base, key, path)
     seeds = list(raw.get("seeds", [0])) or _empty(path, "seeds")
     exp = Experiment(name=raw["name"], config=config_path, root=root, overrides=dict(raw.get("overrides", {})),
-                     axes=axes, seeds=seeds)
+                     axes=axes, seeds=seeds, variants=dict(variants), analyze=dict(raw.get("analyze", {})),
+                     report=raw.get("report"))
     names = [t.name for t in exp.trials()]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:

@@ -55,6 +55,6 @@ def trial_from_wandb(exp: Experiment, params: dict[str, Any] | str) -> Trial:
             raise ValueError(f"W&B parameter {name!r}={value!r}: expected {len(keys)} zipped values")
         point.update(zip(keys, values))
     for trial in exp.trials():
-        if {k: _plain(trial.overrides[k]) for k in exp.swept_keys()} == {k: _plain(v) for k, v in point.items()}:
+        if {k: _plain(trial.point[k]) for k in exp.swept_keys()} == {k: _plain(v) for k, v in point.items()}:
             return trial
     raise ValueError(f"W&B parameters {params} are not a trial of sweep '{exp.name}'")

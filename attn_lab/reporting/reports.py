@@ -1,0 +1,200 @@
+"""One report per experiment type: a finished sweep's rows (and its trials' analysis files) -> tables and plots.
+
+Each report function takes ``(rows, sweep_dir, exp, out_dir, bench)`` -- rows from
+:func:`attn_lab.sweep.runner.collect`, the experiment, where to draw PNGs, and the attention benchmark's CSV rows
+(variants only) -- and returns its tables; every table carries the published numbers for the same comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from attn_lab.analysis import plots
+from attn_lab.reporting import published as pub
+from attn_lab.reporting.tables import Table, column, grouped, mean_std, read_json
+
+KINDS = ("encoder_self", "decoder_self", "cross")
+
+
+def _metric(row: dict) -> str:
+    return "test_bleu" if "test_bleu" in row else "test_accuracy"
+
+
+def _by_variant(rows: list[dict]) -> dict[str, list[dict]]:
+    return grouped(rows, lambda r: r.get("variant", r["trial"].rsplit(",seed=", 1)[0]))
+
+
+def _analyses(sweep_dir: str, group: list[dict], name: str) -> list[Any]:
+    """``analysis/<name>.json`` of every seed of a group that has it."""
+    found = [read_json(os.path.join(sweep_dir, r["trial"], "analysis", f"{name}.json")) for r in group]
+    return [f for f in found if f is not None]
+
+
+def _errorbar_plot(path: str, series: dict[str, tuple[list, list[list[float]]]], xlabel: str, ylabel: str,
+                   title: str) -> None:
+    """Mean line with the seeds' min-max as error bars, one series per name."""
+    lines = {name: (x, [float(np.mean(v)) for v in ys]) for name, (x, ys) in series.items()}
+    plots.line_plot(path, lines, xlabel=xlabel, ylabel=ylabel, title=title,
+                    spread={name: [(min(v), max(v)) for v in ys] for name, (_, ys) in series.items()})
+
+
+def head_count(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
+    """Vaswani et al. Table 3 style: heads, d_k, key/value heads, params, BLEU, exact match, perplexity."""
+    body, series = [], {}
+    for variant, g in _by_variant(rows).items():
+        ov = exp.variants.get(variant, {})
+        h, dk = ov.get("model.num_heads"), ov.get("model.head_dim")
+        kv = ov.get("model.num_kv_heads") or h
+        paper = pub.VASWANI_TABLE3.get((h, 512 // h)) if variant.startswith("A-") and h else None
+        body.append([variant, h, dk, kv, g[0]["num_params"], mean_std(column(g, "test_bleu"), 2),
+                     mean_std(column(g, "test_exact_match")), mean_std([math.exp(v) for v in column(g, "test_loss")], 3),
+                     mean_std(column(g, "steps_per_sec"), 1), "–" if paper is None else f"{paper[0]} / {paper[1]}"])
+        family = variant.split("-")[0]
+        if family in ("A", "B"):
+            x, ys = series.setdefault(f"{family}: " + ("d_k = d_model / h" if family == "A" else f"d_k = {dk}"),
+                                      ([], []))
+            x.append(h)
+            ys.append(column(g, "test_exact_match"))
+    _errorbar_plot(os.path.join(out_dir, "head_count.png"), series, "heads h", "test exact match", "head count")
+    header = ["variant", "h", "d_k", "kv heads", "params", "BLEU", "exact match", "PPL", "steps/s",
+              "Vaswani PPL / BLEU"]
+    note = (f"Mean ± std (seeds). Published: Vaswani et al. Table 3 rows (A), same h at d_model 512. "
+            f"{pub.VASWANI_NOTE} Rows (B) (h=8): d_k 16 -> 5.16 / 25.1, d_k 32 -> 5.01 / 25.4. Multi-query "
+            f"(Shazeer 2019): BLEU {pub.MULTI_QUERY['mha']['bleu']} -> {pub.MULTI_QUERY['mqa']['bleu']}; GQA-8 "
+            f"(Ainslie et al. 2023): {pub.GROUPED_QUERY['mha']} -> {pub.GROUPED_QUERY['gqa8']} (MQA "
+            f"{pub.GROUPED_QUERY['mqa']}).")
+    return [Table("Head count", header, body, note)]
+
+
+def _all_but_one(found: list[dict]) -> Table:
+    kinds = [k for k in KINDS if k in found[0]["all_but_one"]]
+    layers = len(found[0]["all_but_one"][kinds[0]])
+    body = []
+    for layer in range(layers):
+        ours = [mean_std([f["all_but_one"][k][layer]["delta"] for f in found]) for k in kinds]
+        paper = [f"{pub.MICHEL_ALL_BUT_ONE[k][layer][0]:+.2f}{'*' if pub.MICHEL_ALL_BUT_ONE[k][layer][1] else ''}"
+                 for k in kinds]
+        body.append([layer + 1, *ours, *paper])
+    metric = found[0].get("metric", "accuracy")
+    return Table(f"All-but-one head per layer (delta {metric})", ["layer", *kinds, *(f"Michel {k}" for k in kinds)],
+                 body, "Michel et al. 2019 Table 2 (delta BLEU, WMT EN-FR, 6 layers; * significant) for the same "
+                 "layer numbers.")
+
+
+def _single_head(found: list[dict]) -> Table:
+    kinds = [k for k in KINDS if k in found[0]["single_head"]]
+    body = []
+    for kind in kinds:
+        deltas = [np.asarray(f["single_head"][kind]["delta"]) for f in found]
+        p = [np.asarray(f["single_head"][kind]["p_not_worse"]) for f in found]
+        worse = [int((x < 0.05).sum()) for x in p]
+        body.append([kind, deltas[0].size, mean_std(worse, 1), mean_std([d.min() for d in deltas], 4),
+                     mean_std([d.max() for d in deltas], 4)])
+    return Table("Single head masked", ["kind", "heads", "significantly worse (p<0.05)", "min delta", "max delta"],
+                 body, f"Published: {pub.MICHEL_SINGLE_HEAD}.")
+
+
+def _curves(found: list[dict], out_dir: str) -> Table:
+    orders = ("importance", "reverse", "random")
+    percents = [p["percent"] for p in found[0]["importance"]]
+    body = [[f"{pct:.0f}%", *(mean_std([f[o][i]["score"] for f in found]) for o in orders)]
+            for i, pct in enumerate(percents)]
+    _errorbar_plot(os.path.join(out_dir, "pruning_curves.png"),
+                   {o: (percents, [[f[o][i]["score"] for f in found] for i in range(len(percents))]) for o in orders},
+                   "% of heads pruned", found[0].get("metric", "accuracy"), "iterative pruning")
+    return Table("Iterative pruning", ["pruned", *orders], body, f"Published: {pub.MICHEL_PRUNING}.")
+
+
+def _gates(found: list[list[dict]]) -> Table:
+    body = []
+    for i, row in enumerate(found[0]):
+        kept = [f[i]["kept"] for f in found]
+        body.append([row["target"], mean_std(kept, 1), mean_std([f[i]["test"] for f in found], 3)])
+    voita = "; ".join(f"{'/'.join(map(str, k))} -> {b}" for k, b in pub.VOITA_GATES)
+    return Table(f"L0 gates (test {found[0][0]['metric']})", ["target share", "heads kept", "metric"], body,
+                 f"Voita et al. 2019 (heads kept enc/dec/dec-enc -> BLEU, WMT EN-RU): {voita}.")
+
+
+def pruning(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
+    """Michel et al. tables (single head, all-but-one, curves), structural speed-up and Voita et al. gates."""
+    group = next(iter(_by_variant(rows).values()), [])
+    tables = []
+    ablate = _analyses(sweep_dir, group, "ablate")
+    if ablate:
+        tables += [_single_head(ablate), _all_but_one(ablate)]
+    curves = _analyses(sweep_dir, group, "prune")
+    if curves:
+        tables.append(_curves(curves, out_dir))
+    structural = _analyses(sweep_dir, group, "structural")
+    if structural:
+        tables.append(Table("Structural pruning", ["% heads removed", "batch", "speed-up vs full",
+                                                   "speed-up vs masked", "max |pruned - masked|"],
+                            [[f"{structural[0]['percent_pruned']:.0f}%", structural[0]["batch_size"],
+                              mean_std([s["speedup_vs_full"] for s in structural], 2),
+                              mean_std([s["speedup_vs_masked"] for s in structural], 2),
+                              f"{max(s['max_abs_diff'] for s in structural):.1e}"]], f"Published: {pub.MICHEL_SPEED}."))
+    gates = _analyses(sweep_dir, group, "gates")
+    if gates:
+        tables.append(_gates(gates))
+    return tables
+
+
+def _prunable_within(curve: list[dict], margin: float) -> float:
+    """Largest % of heads pruned (importance order) with the score still within ``margin`` of the full model's."""
+    base = curve[0]["score"]
+    ok = [p["percent"] for p in curve if p["score"] >= base - margin]
+    return max(ok) if ok else 0.0
+
+
+def diversity(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
+    """Li et al. style: each regularizer vs the baseline -- metric, head similarity, heads prunable within 1 BLEU."""
+    body = []
+    for variant, g in _by_variant(rows).items():
+        metric = _metric(g[0])
+        diag = _analyses(sweep_dir, g, "diagnose")
+        sims = [np.mean([v["mean_similarity"] for v in d.values()]) for d in diag]
+        prune = _analyses(sweep_dir, g, "prune")
+        margin = 1.0 if prune and prune[0].get("metric") == "bleu" else 0.01
+        body.append([variant, mean_std(column(g, metric), 3), mean_std(column(g, "test_exact_match"), 3),
+                     mean_std(sims, 3), mean_std([_prunable_within(p["importance"], margin) for p in prune], 0)])
+    li = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in pub.LI_DIVERSITY.items())
+    return [Table("Head diversity", ["variant", "BLEU / accuracy", "exact match", "mean head map similarity",
+                                     "% heads prunable within 1 BLEU"], body,
+                  f"Li et al. 2018 (disagreement regularization, BLEU base -> regularized): {li}.")]
+
+
+def _bench_ratio(bench: list[dict], label: str, length: int, field: str) -> float | None:
+    """Reference / kernel for ``field`` (seconds or temp bytes) at ``length`` from the attention benchmark's CSV."""
+    find = lambda name: next((r for r in bench if r["label"] == name and int(r["length"]) == length
+                              and r[field]), None)
+    ref, mine = find("jax.nn.dot_product_attention"), find(label)
+    return None if ref is None or mine is None else float(ref[field]) / float(mine[field])
+
+
+def variants(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
+    """LRA-style: ListOps accuracy per kernel, train speed vs dense in the same sweep, benchmark ratios, LRA's."""
+    groups = _by_variant(rows)
+    dense_sps = np.mean(column(groups.get("dense", []), "steps_per_sec") or [float("nan")])
+    body = []
+    for variant, g in groups.items():
+        label = "dense/xla" if variant == "dense" else variant
+        fmt = lambda v: "–" if v is None else f"{v:.2f}x"
+        speed = pub.LRA_SPEED.get(variant)
+        body.append([variant, mean_std([100 * a for a in column(g, "test_accuracy")], 1),
+                     f"{np.mean(column(g, 'steps_per_sec')) / dense_sps:.2f}x",
+                     fmt(_bench_ratio(bench or [], label, 1024, "fwd_bwd_seconds")),
+                     fmt(_bench_ratio(bench or [], label, 4096, "fwd_bwd_seconds")),
+                     fmt(_bench_ratio(bench or [], label, 4096, "temp_bytes")),
+                     pub.LRA_LISTOPS.get(variant, "–"), "–" if speed is None else f"{speed[0]}x / {speed[1]}x"])
+    header = ["kernel", "ListOps accuracy %", "train steps/s vs dense", "fwd+bwd speed 1K", "fwd+bwd speed 4K",
+              "memory 4K", "LRA ListOps %", "LRA speed 1K / 4K"]
+    return [Table("Efficient attention (ListOps)", header, body,
+                  "Speed and memory ratios: scripts/bench_attention.py (jax.nn.dot_product_attention = 1; '–' when "
+                  "its CSV is absent). LRA: Tay et al. 2020 (TPU v3, byte-level text for speed).")]
+
+
+REPORTS = {"head_count": head_count, "pruning": pruning, "diversity": diversity, "variants": variants}

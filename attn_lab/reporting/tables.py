@@ -1,0 +1,81 @@
+"""Tables from finished sweeps: rows grouped over seeds (mean +- std), rendered as Markdown and LaTeX."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+
+class Table:
+    """A titled table: header plus rows of already formatted cells; renders to Markdown and LaTeX."""
+
+    def __init__(self, title: str, header: Sequence[str], rows: Iterable[Sequence[Any]], note: str = ""):
+        self.title, self.header, self.note = title, list(header), note
+        self.rows = [[_cell(v) for v in row] for row in rows]
+
+    def markdown(self) -> str:
+        lines = [f"### {self.title}", "", "| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
+        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
+        return "\n".join(lines + ([f"", self.note] if self.note else [])) + "\n"
+
+    def latex(self) -> str:
+        esc = lambda s: s.replace("\\", "\\textbackslash{}").replace("_", "\\_").replace("%", "\\%").replace(
+            "&", "\\&").replace("#", "\\#").replace("±", "$\\pm$")
+        lines = [f"% {self.title}", "\\begin{tabular}{" + "l" * len(self.header) + "}", "\\toprule",
+                 " & ".join(map(esc, self.header)) + " \\\\", "\\midrule"]
+        lines += [" & ".join(map(esc, row)) + " \\\\" for row in self.rows]
+        return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"]) + "\n"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def mean_std(values: Sequence[float], digits: int = 3) -> str:
+    """``'0.912 ± 0.004 (3)'``: mean, sample std and count; ``'–'`` without values."""
+    vals = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return "–"
+    if len(vals) == 1:
+        return f"{vals[0]:.{digits}f} (1)"
+    return f"{np.mean(vals):.{digits}f} ± {np.std(vals, ddof=1):.{digits}f} ({len(vals)})"
+
+
+def grouped(rows: list[dict], key: Callable[[dict], Any]) -> dict[Any, list[dict]]:
+    """Finished rows (status ok/skipped) grouped by ``key``, groups in first-seen order."""
+    out: dict[Any, list[dict]] = {}
+    for row in rows:
+        if row.get("status") in ("ok", "skipped") and "test_loss" in row:
+            out.setdefault(key(row), []).append(row)
+    return out
+
+
+def column(group: list[dict], name: str) -> list[float]:
+    return [r[name] for r in group if r.get(name) is not None]
+
+
+def read_json(path: str) -> Any | None:
+    """A JSON file, or None when it does not exist (an analysis that was not run)."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_tables(out_dir: str, name: str, tables: list[Table]) -> str:
+    """``<out_dir>/<name>.md`` and ``.tex`` (atomic); returns the Markdown."""
+    from attn_lab.train.logging import write_text_atomic
+
+    os.makedirs(out_dir, exist_ok=True)
+    md = "\n".join(t.markdown() for t in tables)
+    write_text_atomic(os.path.join(out_dir, f"{name}.md"), md)
+    write_text_atomic(os.path.join(out_dir, f"{name}.tex"), "\n".join(t.latex() for t in tables))
+    return md

@@ -1,0 +1,59 @@
+"""Turn a finished sweep folder into Markdown and LaTeX tables and PNG plots, with the published numbers beside ours.
+
+  python scripts/make_tables.py runs/head_count
+  python scripts/make_tables.py runs/variants --bench bench/attention.csv
+
+Reads ``<sweep>/sweep.json`` (written by scripts/sweep.py) to find the experiment, collects every trial's
+results.json (and its ``analysis/*.json`` for the pruning and diversity reports), groups seeds (mean +- std) and writes
+``<sweep>/tables/<report>.md``, ``.tex`` and PNGs. The report is the experiment's ``report`` key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("sweep_dir", help="a folder scripts/sweep.py wrote")
+    p.add_argument("--out", help="output folder (default <sweep_dir>/tables)")
+    p.add_argument("--bench", default="bench/attention.csv", help="variants: scripts/bench_attention.py's CSV")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    from attn_lab.reporting.reports import REPORTS
+    from attn_lab.reporting.tables import write_tables
+    from attn_lab.sweep.runner import collect
+    from attn_lab.sweep.spec import load_experiment
+
+    info_path = os.path.join(args.sweep_dir, "sweep.json")
+    if not os.path.exists(info_path):
+        sys.exit(f"error: {args.sweep_dir} is not a sweep folder (no sweep.json); run scripts/sweep.py first")
+    with open(info_path) as f:
+        info = json.load(f)
+    exp = load_experiment(info["experiment"], root=info["root"])
+    if exp.report not in REPORTS:
+        sys.exit(f"error: experiment '{exp.name}' has report={exp.report!r}; choose from {', '.join(REPORTS)}")
+    rows = collect(exp, args.sweep_dir)
+    if not any(r["status"] in ("ok", "skipped") for r in rows):
+        sys.exit(f"error: no finished trial in {args.sweep_dir}")
+    bench = None
+    if os.path.exists(args.bench):
+        with open(args.bench) as f:
+            bench = list(csv.DictReader(f))
+    out = args.out or os.path.join(args.sweep_dir, "tables")
+    os.makedirs(out, exist_ok=True)
+    tables = REPORTS[exp.report](rows, args.sweep_dir, exp, out, bench)
+    print(write_tables(out, exp.report, tables))
+    print(f"wrote {out}/{exp.report}.md, .tex and PNGs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
