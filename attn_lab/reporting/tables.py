@@ -20,7 +20,7 @@ class Table:
     def markdown(self) -> str:
         lines = [f"### {self.title}", "", "| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
         lines += ["| " + " | ".join(row) + " |" for row in self.rows]
-        return "\n".join(lines + ([f"", self.note] if self.note else [])) + "\n"
+        return "\n".join(lines + (["", self.note] if self.note else [])) + "\n"
 
     def latex(self) -> str:
         esc = lambda s: s.replace("\\", "\\textbackslash{}").replace("_", "\\_").replace("%", "\\%").replace(
