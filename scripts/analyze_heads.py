@@ -39,6 +39,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--example", type=int, default=0, help="diagnose: which example of the first batch to draw")
     p.add_argument("--prune-fraction", type=float, default=0.1, help="prune: share of all heads removed per step")
     p.add_argument("--metric", default="accuracy", choices=METRICS, help="ablate/prune: what to score")
+    p.add_argument("--prune-orders", default="importance,reverse,random", help="prune: which orders to run")
     p.add_argument("--finetune-steps", type=int, default=0, help="prune: train this many steps after each step")
     p.add_argument("--structural-percent", type=float, default=50.0, help="structural: %% of heads removed")
     p.add_argument("--speed-batch", type=int, default=64, help="structural: batch size of the timed forward pass")
@@ -46,6 +47,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gate-steps", type=int, default=500, help="gates: training steps of each gates run")
     args = p.parse_args(argv)
     args.what = [w.strip() for w in args.what.split(",") if w.strip()]
+    args.prune_orders = [o.strip() for o in args.prune_orders.split(",") if o.strip()]
+    bad = [o for o in args.prune_orders if o not in ("importance", "reverse", "random")]
+    if bad or not args.prune_orders:
+        p.error(f"--prune-orders {bad or '(empty)'}: choose from importance, reverse, random")
     for w in args.what:
         if w not in METHODS:
             p.error(f"--what {w}: unknown; choose from {', '.join(METHODS)}")
@@ -101,12 +106,12 @@ def prune_step(a: Any) -> None:
     curves = {order: a.pruning.pruning_curve(a.run.state, a.batches, a.shapes, a.score, a.importance_sums,
                                              order=order, fraction=a.args.prune_fraction, rescore=a.args.rescore,
                                              finetune=_finetune(a, order))
-              for order in a.pruning.ORDERS}
+              for order in a.args.prune_orders}
     a.write("prune.json", {"metric": a.args.metric, "finetune_steps": a.args.finetune_steps, **curves})
     a.plots.line_plot(os.path.join(a.out_dir, "prune.png"),
                       {o: ([p["percent"] for p in c], [p["score"] for p in c]) for o, c in curves.items()},
                       xlabel="% of heads pruned", ylabel=a.args.metric, title="iterative head pruning")
-    for i, point in enumerate(curves["importance"]):  # one logged step per pruning step, every order together
+    for i, point in enumerate(next(iter(curves.values()))):  # one logged step per pruning step, all orders
         a.log({"prune/percent": point["percent"], **{f"prune/{o}": c[i]["score"] for o, c in curves.items()}})
     print("prune:", {o: [round(p["score"], 4) for p in c] for o, c in curves.items()})
 

@@ -140,18 +140,13 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     train_and_evaluate(c, str(tmp_path / "run"))
     script = _load("scripts/analyze_heads.py")
     assert script.main(["--workdir", str(tmp_path / "run"), "--max-batches", "1", "--prune-fraction", "0.5",
-                        "--finetune-steps", "2", "--gate-targets", "0.5", "--gate-steps", "4",
-                        "--speed-batch", "8"]) == 0
+                        "--gate-targets", "0.5", "--gate-steps", "4", "--speed-batch", "8"]) == 0
     out = tmp_path / "run" / "analysis"
     structural = json.loads((out / "structural.json").read_text())
     assert structural["heads_per_layer"] == {"encoder_self": [1, 1]} and structural["max_abs_diff"] < 1e-4
     assert structural["params_pruned"] < structural["params_full"] and structural["speedup_vs_full"] > 0
     gates = json.loads((out / "gates.json").read_text())
     assert [(g["target"], g["kept"]) for g in gates] == [(1.0, 4), (0.5, 2)]
-    finetuned = json.loads((out / "finetune" / "random" / "step1" / "results.json").read_text())
-    assert finetuned["steps"] == 2 and finetuned["config"]["train"]["init_from"] == str(tmp_path / "run")
-    masked = finetuned["config"]["model"]["kinds"]["encoder_self"]["head_mask"]
-    assert sorted(masked.replace(";", ",").split(",")) == ["0", "0", "1", "1"]  # half the heads pruned
     imp = json.loads((out / "importance.json").read_text())
     assert np.asarray(imp["encoder_self"]).shape == (2, 2)
     ablate = json.loads((out / "ablate.json").read_text())
@@ -165,6 +160,13 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]  # what W&B gets too
     assert [line["step"] for line in logged] == [0, 1, 2, 3]  # prune's two steps, then the gates' two rows
     assert {"prune/random", "prune/percent"} <= set(logged[1]) and "gates/kept" in logged[3]
+    assert script.main(["--workdir", str(tmp_path / "run"), "--what", "prune", "--max-batches", "1",
+                        "--prune-fraction", "0.5", "--prune-orders", "random", "--finetune-steps", "2"]) == 0
+    finetuned = json.loads((out / "finetune" / "random" / "step1" / "results.json").read_text())
+    assert finetuned["steps"] == 2 and finetuned["config"]["train"]["init_from"] == str(tmp_path / "run")
+    masked = finetuned["config"]["model"]["kinds"]["encoder_self"]["head_mask"]
+    assert sorted(masked.replace(";", ",").split(",")) == ["0", "0", "1", "1"]  # half the heads pruned
+    assert set(json.loads((out / "prune.json").read_text())) == {"metric", "finetune_steps", "random"}
 
 
 def test_heads_track_logs_per_head_diagnostics_at_each_evaluation(tmp_path):

@@ -24,8 +24,9 @@ def _experiment(tmp_path, body: dict) -> str:
         if not target.exists():
             target.symlink_to(os.path.join(ROOT, "configs", name))
     (tmp_path / "scripts").mkdir(exist_ok=True)
-    if not (tmp_path / "scripts" / "train.py").exists():
-        (tmp_path / "scripts" / "train.py").symlink_to(os.path.join(ROOT, "scripts", "train.py"))
+    for script in ("train.py", "analyze_heads.py"):
+        if not (tmp_path / "scripts" / script).exists():
+            (tmp_path / "scripts" / script).symlink_to(os.path.join(ROOT, "scripts", script))
     path = tmp_path / "experiments" / "x.py"
     path.write_text(textwrap.dedent(f"""
         def get_experiment(preset="quick"):
@@ -86,10 +87,14 @@ def test_sweep_runs_records_failures_resumes_and_collects(tmp_path):
     assert second.returncode == 0 and "num_heads=2,seed=0: skipped" in second.stdout
 
 
-def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial(tmp_path):
+def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial_then_analyzes_and_tabulates(tmp_path):
     """--vmap-seeds: one process per group of trials differing only in seed; each seed's folder gets its own
-    results.json (seed recorded, seeds_vectorized=2) and a results.csv row; a rerun trains only what is missing."""
-    path = _experiment(tmp_path, {**BASE, "grid": {"model.num_heads": [2]}, "seeds": [0, 1], "overrides": {
+    results.json (seed recorded, seeds_vectorized=2) and a results.csv row; the experiment's ``analyze`` runs on
+    each finished trial; make_tables turns the folder into tables over both seeds; a rerun trains only what is
+    missing."""
+    path = _experiment(tmp_path, {**BASE, "variants": {"two": {"model.num_heads": 2}}, "seeds": [0, 1],
+                                  "analyze": {"what": "ablate", "max_batches": 1}, "report": "pruning",
+                                  "overrides": {
         "task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
         "train.num_steps": 4, "train.batch_size": 16, "train.log_every": 2, "train.eval_every": 4,
         "train.checkpoint_every": 4, "train.max_eval_batches": 1, "wandb.mode": "disabled"}})
@@ -98,44 +103,19 @@ def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial(tmp_path):
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr
     for seed in (0, 1):
-        results = json.load(open(tmp_path / "runs" / f"num_heads=2,seed={seed}" / "results.json"))
+        results = json.load(open(tmp_path / "runs" / f"variant=two,seed={seed}" / "results.json"))
         assert results["config"]["seed"] == seed and results["seeds_vectorized"] == 2
+        assert results["config"]["model"]["num_heads"] == 2
+        assert (tmp_path / "runs" / f"variant=two,seed={seed}" / "analysis" / "ablate.json").exists()
     rows = list(csv.DictReader(open(tmp_path / "runs" / "results.csv")))
-    assert [(r["seed"], r["status"]) for r in rows] == [("0", "ok"), ("1", "ok")]
+    assert [(r["variant"], r["seed"], r["status"]) for r in rows] == [("two", "0", "ok"), ("two", "1", "ok")]
     assert rows[0]["test_exact_match"] != "" and rows[0]["test_loss"] != rows[1]["test_loss"]
-    os.remove(tmp_path / "runs" / "num_heads=2,seed=1" / "results.json")
+    tables = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), str(tmp_path / "runs")],
+                            capture_output=True, text=True, timeout=300)
+    assert tables.returncode == 0, tables.stderr
+    md = (tmp_path / "runs" / "tables" / "pruning.md").read_text()
+    assert "All-but-one head per layer" in md and "± " in md and "(2)" in md  # mean ± std over the 2 seeds
+    assert "-1.31*" in md and (tmp_path / "runs" / "tables" / "pruning.tex").exists()  # Michel et al. beside ours
+    os.remove(tmp_path / "runs" / "variant=two,seed=1" / "results.json")
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and "seed=0: skipped" in second.stdout and "seed=1: ok" in second.stdout
-
-
-def test_wandb_sweep_export_maps_every_agent_run_back_to_its_trial(tmp_path):
-    """The exported grid, expanded as the W&B agent does (its own create_sweep_command_args, ${args_json}), gives
-    back every trial exactly once -- zipped axes included -- and the CLI runs the trial it names."""
-    import itertools
-
-    import yaml
-    from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
-
-    from attn_lab.sweep.wandb_sweep import trial_from_wandb
-
-    path = _experiment(tmp_path, {**BASE, "grid": {"model.num_layers": [1, 2]}, "seeds": [0, 3],
-                                  "zip": [{"model.num_heads": [2, 4], "model.head_dim": [32, 16]}]})
-    out = tmp_path / "sweep.yaml"
-    proc = subprocess.run([sys.executable, SWEEP, "--config", path, "--workdir", "runs/x", "--export-wandb", str(out),
-                           "--config.train.num_steps=7"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    sweep = yaml.safe_load(out.read_text())
-    assert sweep["method"] == "grid" and sweep["command"][-2:] == ["--wandb-trial", "${args_json}"]
-    assert "--config.train.num_steps=7" in sweep["command"] and "--config.wandb.mode=online" in sweep["command"]
-    exp = load_experiment(path)
-    names = list(sweep["parameters"])
-    found = []
-    for values in itertools.product(*(sweep["parameters"][n]["values"] for n in names)):
-        args = create_sweep_command_args({"args": {n: {"value": v} for n, v in zip(names, values)}})
-        found.append(trial_from_wandb(exp, args["args_json"][0]).name)
-    assert sorted(found) == sorted(t.name for t in exp.trials())
-    dry = subprocess.run([sys.executable, SWEEP, "--config", path, "--workdir", "runs/x", "--dry-run",
-                          "--wandb-trial", args["args_json"][0]], capture_output=True, text=True, timeout=120)
-    assert dry.stdout.split()[0] == "num_layers=2,num_heads=4,head_dim=16,seed=3"
-    with pytest.raises(ValueError, match="not a trial"):
-        trial_from_wandb(exp, {"model.num_layers": 5, "model.num_heads+model.head_dim": [2, 32], "seed": 0})

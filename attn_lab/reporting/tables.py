@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pathlib
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -76,6 +77,6 @@ def write_tables(out_dir: str, name: str, tables: list[Table]) -> str:
 
     os.makedirs(out_dir, exist_ok=True)
     md = "\n".join(t.markdown() for t in tables)
-    write_text_atomic(os.path.join(out_dir, f"{name}.md"), md)
-    write_text_atomic(os.path.join(out_dir, f"{name}.tex"), "\n".join(t.latex() for t in tables))
+    write_text_atomic(pathlib.Path(out_dir, f"{name}.md"), md)
+    write_text_atomic(pathlib.Path(out_dir, f"{name}.tex"), "\n".join(t.latex() for t in tables))
     return md
