@@ -1,0 +1,71 @@
+"""Result tables: seed grouping (mean ± std), the published numbers beside ours, Markdown and LaTeX, for every
+report, from sweep rows and analysis files written the way the sweep and analyze_heads write them."""
+
+import json
+import math
+
+import numpy as np
+
+from attn_lab.reporting import reports
+from attn_lab.reporting.tables import Table, mean_std
+from attn_lab.sweep.spec import Experiment
+
+
+def _rows(variants, metric="test_bleu", base=0.5):
+    rows = []
+    for i, variant in enumerate(variants):
+        for seed in (0, 1, 2):
+            rows.append({"variant": variant, "seed": seed, "trial": f"variant={variant},seed={seed}", "status": "ok",
+                         metric: base + 0.1 * i + 0.01 * seed, "test_exact_match": 0.1 * i + 0.01 * seed,
+                         "test_accuracy": base + 0.1 * i + 0.01 * seed, "test_loss": 1.0 + 0.1 * seed,
+                         "num_params": 1000 * (i + 1), "steps_per_sec": 10.0 / (i + 1)})
+    return rows
+
+
+def _exp(variants):
+    return Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
+                      seeds=[0, 1, 2], variants=variants)
+
+
+def test_mean_std_and_rendering():
+    assert mean_std([1.0, 2.0, 3.0], 2) == "2.00 ± 1.00 (3)" and mean_std([], 2) == "–"
+    table = Table("T", ["a", "b_c"], [[1, 0.5]], "note")
+    assert "| a | b_c |" in table.markdown() and "note" in table.markdown()
+    assert "b\\_c" in table.latex() and "\\toprule" in table.latex()
+
+
+def test_head_count_table_has_seed_spread_perplexity_and_vaswani(tmp_path):
+    variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64},
+                "A-h8": {"model.num_heads": 8, "model.head_dim": 8},
+                "MQA-h8": {"model.num_heads": 8, "model.head_dim": 8, "model.num_kv_heads": 1}}
+    (table,) = reports.head_count(_rows(variants), str(tmp_path), _exp(variants), str(tmp_path))
+    md = table.markdown()
+    assert "| A-h1 | 1 | 64 | 1 | 1000 | 0.51 ± 0.01 (3) |" in md and "5.29 / 24.9" in md and "4.92 / 25.8" in md
+    assert f"{np.mean([math.exp(1.0), math.exp(1.1), math.exp(1.2)]):.3f}" in md  # perplexity = exp(test loss)
+    assert "| MQA-h8 | 8 | 8 | 1 |" in md and (tmp_path / "head_count.png").exists()
+
+
+def test_diversity_table_reads_similarity_and_prunable_heads(tmp_path):
+    variants = {"baseline": {}, "output": {"loss.diversity.output.weight": 1.0}}
+    rows = _rows(variants)
+    for row in rows:
+        analysis = tmp_path / row["trial"] / "analysis"
+        analysis.mkdir(parents=True)
+        sim = 0.8 if row["variant"] == "baseline" else 0.2
+        (analysis / "diagnose.json").write_text(json.dumps({"encoder_self/0": {"mean_similarity": sim}}))
+        curve = [{"percent": p, "score": s} for p, s in [(0, 99.0), (25, 98.5), (50, 97.0)]]
+        (analysis / "prune.json").write_text(json.dumps({"metric": "bleu", "importance": curve}))
+    (table,) = reports.diversity(rows, str(tmp_path), _exp(variants), str(tmp_path))
+    md = table.markdown()
+    assert "| baseline | 0.510 ± 0.010 (3) |" in md and "0.800 ± 0.000 (3)" in md and "0.200" in md
+    assert "25 ± 0 (3)" in md and "27.64 -> 28.51" in md  # 25% within 1 BLEU; Li et al. beside
+
+
+def test_variants_table_joins_benchmark_ratios_and_lra(tmp_path):
+    variants = {"dense": {"model.attention.name": "dense"}, "local": {"model.attention.name": "local"}}
+    bench = [{"label": "jax.nn.dot_product_attention", "length": "1024", "fwd_bwd_seconds": "1.0", "temp_bytes": "400"},
+             {"label": "local", "length": "1024", "fwd_bwd_seconds": "0.25", "temp_bytes": "100"}]
+    (table,) = reports.variants(_rows(variants, "test_accuracy"), str(tmp_path), _exp(variants), str(tmp_path), bench)
+    md = table.markdown()
+    assert "| local | 61.0 ± 1.0 (3) | 0.50x | 4.00x | – | – | 15.82 | 1.1x / 5.3x |" in md
+    assert "| dense |" in md and "36.37" in md
