@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -74,7 +75,8 @@ def test_sweep_runs_records_failures_resumes_and_collects(tmp_path):
         "task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
         "train.num_steps": 4, "train.batch_size": 16, "train.log_every": 2, "train.eval_every": 4,
         "train.checkpoint_every": 4, "train.max_eval_batches": 1, "wandb.mode": "disabled"}})
-    cmd = [sys.executable, SWEEP, "--config", path, "--workdir", str(tmp_path / "runs"), f"--config.task.data_dir={data}"]
+    cmd = [sys.executable, SWEEP, "--config", path, "--workdir", str(tmp_path / "runs"), f"--config.task.data_dir={data}",
+           f"--config.compile_cache={tmp_path / 'cache'}"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 1, first.stderr
     assert (tmp_path / "runs" / "num_heads=2,seed=0" / "results.json").exists()
@@ -85,6 +87,14 @@ def test_sweep_runs_records_failures_resumes_and_collects(tmp_path):
     assert "test_exact_match" in rows[0] and "| num_heads |" in first.stdout
     second = subprocess.run(cmd + ["--shard", "0/2"], capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and "num_heads=2,seed=0: skipped" in second.stdout
+    cached = sorted(os.listdir(tmp_path / "cache"))  # the trials compiled into the persistent compilation cache
+    assert any(name.startswith("jit_train_step") for name in cached)
+    shutil.rmtree(tmp_path / "runs" / "num_heads=2,seed=0")
+    third = subprocess.run(cmd + ["--shard", "0/2"], capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0 and "num_heads=2,seed=0: ok" in third.stdout
+    assert sorted(os.listdir(tmp_path / "cache")) == cached  # the repeated trial compiled nothing new: cache hits
+    again = json.load(open(tmp_path / "runs" / "num_heads=2,seed=0" / "results.json"))
+    assert again["final"]["test"]["loss"] == pytest.approx(float(rows[0]["test_loss"]), rel=1e-6)
 
 
 def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial_then_analyzes_and_tabulates(tmp_path):

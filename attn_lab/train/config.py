@@ -48,6 +48,7 @@ def base_config() -> ml_collections.ConfigDict:
     """Defaults for every key; task files override what differs."""
     c = ml_collections.ConfigDict()
     c.seed = 0
+    c.compile_cache = "~/.cache/attn_lab/jax_compile"  # JAX's persistent compilation cache; '' turns it off
     c.task = ml_collections.ConfigDict({"name": "numbers", "data_dir": config_dict.placeholder(str)})
     c.model = ml_collections.ConfigDict({
         "num_layers": 2, "num_decoder_layers": config_dict.placeholder(int), "d_model": 128, "num_heads": 4,

@@ -30,6 +30,7 @@ def seed_map(fn: Callable, num_seeds: int, in_axes: tuple[int | None, ...]) -> C
         args = [a if axis is None else jax.tree.map(lambda x: x[0], a) for a, axis in zip(args, in_axes)]
         return jax.tree.map(lambda x: x[None], fn(*args))
 
+    single.__name__ = getattr(fn, "func", fn).__name__  # jit names its program (and cache entry) after this
     return single
 
 

@@ -124,6 +124,15 @@ class Run:
             closable.close()
 
 
+def use_compile_cache(path: str | None) -> None:
+    """Turns on JAX's persistent compilation cache in ``path`` ('' or None: leave it off), so a repeated sweep trial
+    (same model, same shapes) loads its compiled steps from disk instead of compiling them again. JAX fixes the
+    folder at the process's first compilation; a later, different ``path`` in the same process is not applied."""
+    if path and jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(path))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)  # skip trivial programs
+
+
 def _with_seed(config: Any, seed: int, num_seeds: int) -> Any:
     """A copy of ``config`` for one seed (a W&B display name gets a ``-seed<N>`` suffix when seeds share it)."""
     c = config.copy_and_resolve_references()
@@ -263,6 +272,7 @@ def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *,
     results.json); results also record ``seeds_vectorized``, the number of seeds that shared the program.
     """
     validate_config(config)
+    use_compile_cache(config.get("compile_cache"))
     for w in workdirs:
         os.makedirs(w, exist_ok=True)
     start = time.time()
