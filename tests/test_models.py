@@ -107,3 +107,18 @@ def test_greedy_decoding_with_and_without_cache_agree():
     uncached = compile_decode(graphdef, 8, cached=False)(state, inputs)
     np.testing.assert_array_equal(cached, uncached)
     assert cached.shape == (3, 8) and (cached[:, 0] != 0).all()
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_gradients_and_tracks_float32():
+    """``model.dtype='bfloat16'``: activations in bf16, parameters (so optimizer state) and gradients float32; the
+    logits stay within bf16 rounding of the float32 model with the same weights."""
+    f32 = build_model(_cfg(num_layers=1), kind="translation", vocab_size=V, max_len=L)
+    b16 = build_model(_cfg(num_layers=1, dtype="bfloat16"), kind="translation", vocab_size=V, max_len=L)
+    assert {p.dtype for p in jax.tree.leaves(nnx.state(b16, nnx.Param))} == {jnp.dtype(jnp.float32)}
+    x, y = _tokens(1, (2, 9), pad_from=6), _tokens(2, (2, 7))
+    forward = nnx.jit(lambda m: m(x, y, Ctx()))
+    ref, got = forward(f32), forward(b16)
+    assert got.dtype == jnp.bfloat16 and ref.dtype == jnp.float32
+    np.testing.assert_allclose(got.astype(jnp.float32), ref, atol=0.03 * float(jnp.abs(ref).max()))
+    grads = nnx.jit(nnx.grad(lambda m: m(x, y, Ctx()).astype(jnp.float32).mean()))(b16)
+    assert {g.dtype for g in jax.tree.leaves(nnx.state(grads))} == {jnp.dtype(jnp.float32)}

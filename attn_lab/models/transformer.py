@@ -60,7 +60,7 @@ def make_attention(cfg: Any, kind: str, *, rngs: nnx.Rngs) -> MultiHeadAttention
         attention["name"] = over.attention
     return MultiHeadAttention(
         cfg.num_heads, cfg.d_model, num_kv_heads=over.num_kv_heads or cfg.num_kv_heads, head_dim=cfg.head_dim,
-        attention=attention, dropout_rate=cfg.attention_dropout, use_query_bias=cfg.use_query_bias,
+        attention=attention, dropout_rate=cfg.attention_dropout, use_query_bias=cfg.use_query_bias, dtype=dtype(cfg),
         use_key_bias=cfg.use_key_bias, use_value_bias=cfg.use_value_bias, use_out_bias=cfg.use_out_bias,
         decode=False, keep_rngs=False, rngs=rngs)
 
@@ -74,10 +74,15 @@ def sinusoidal(length: int, dim: int) -> jax.Array:
     return jnp.asarray(table)
 
 
+def dtype(cfg: Any) -> Any:
+    """The computation dtype (``model.dtype``): 'bfloat16' computes in bf16; parameters and optimizer stay float32."""
+    return jnp.dtype(cfg.get("dtype", "float32"))
+
+
 class Mlp(nnx.Module):
-    def __init__(self, d_model: int, mlp_dim: int, dropout: float, *, rngs: nnx.Rngs):
-        self.up = nnx.Linear(d_model, mlp_dim, rngs=rngs)
-        self.down = nnx.Linear(mlp_dim, d_model, rngs=rngs)
+    def __init__(self, d_model: int, mlp_dim: int, dropout: float, *, rngs: nnx.Rngs, dtype: Any = None):
+        self.up = nnx.Linear(d_model, mlp_dim, rngs=rngs, dtype=dtype)
+        self.down = nnx.Linear(mlp_dim, d_model, rngs=rngs, dtype=dtype)
         self.dropout = nnx.Dropout(dropout)
 
     def __call__(self, x: jax.Array, ctx: Ctx) -> jax.Array:
@@ -91,8 +96,8 @@ class Block(nnx.Module):
         self.self_kind = self_kind
         self.self_attn = make_attention(cfg, self_kind, rngs=rngs)
         self.cross_attn = make_attention(cfg, "cross", rngs=rngs) if cross else nnx.data(None)
-        self.norms = nnx.List([nnx.LayerNorm(cfg.d_model, rngs=rngs) for _ in range(3 if cross else 2)])
-        self.mlp = Mlp(cfg.d_model, cfg.mlp_dim, cfg.dropout, rngs=rngs)
+        self.norms = nnx.List([nnx.LayerNorm(cfg.d_model, rngs=rngs, dtype=dtype(cfg)) for _ in range(3 if cross else 2)])
+        self.mlp = Mlp(cfg.d_model, cfg.mlp_dim, cfg.dropout, rngs=rngs, dtype=dtype(cfg))
         self.dropout = nnx.Dropout(cfg.dropout)
         self.post_ln = cfg.norm == "post"
 
@@ -123,7 +128,7 @@ class Stack(nnx.Module):
         self.embed = embed
         self.kinds = (self_kind, "cross") if cross else (self_kind,)
         self.blocks = nnx.List([Block(cfg, self_kind=self_kind, cross=cross, rngs=rngs) for _ in range(num_layers)])
-        self.final_norm = nnx.LayerNorm(cfg.d_model, rngs=rngs) if cfg.norm == "pre" else nnx.data(None)
+        self.final_norm = nnx.LayerNorm(cfg.d_model, rngs=rngs, dtype=dtype(cfg)) if cfg.norm == "pre" else nnx.data(None)
         self.dropout = nnx.Dropout(cfg.dropout)
         self.learned_pos = (nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (max_len, cfg.d_model)))
                             if cfg.positions == "learned" else nnx.data(None))
@@ -149,7 +154,7 @@ class Stack(nnx.Module):
 
     def __call__(self, x: jax.Array, ctx: Ctx, *, start=0, head_masks=None, **block_kw) -> jax.Array:
         """``x [B, T, d_model]`` embedded tokens -> ``[B, T, d_model]``."""
-        x = x + self.positions(start, x.shape[1])[None]
+        x = x + self.positions(start, x.shape[1])[None].astype(x.dtype)
         x = self.dropout(x, deterministic=ctx.deterministic, rngs=ctx.rngs)
         for i, block in enumerate(self.blocks):
             x = block(x, ctx, head_masks=self.layer_masks(head_masks, i), **block_kw)
@@ -172,21 +177,22 @@ def gated(gates: HeadGates | None, head_masks: dict | None, kinds: tuple[str, ..
     return out
 
 
-def _embed(vocab_size: int, d_model: int, rngs: nnx.Rngs) -> nnx.Embed:
-    return nnx.Embed(vocab_size, d_model, embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
+def _embed(vocab_size: int, d_model: int, rngs: nnx.Rngs, dtype: Any = None) -> nnx.Embed:
+    return nnx.Embed(vocab_size, d_model, embedding_init=nnx.initializers.normal(1.0), rngs=rngs, dtype=dtype)
 
 
 class Seq2Seq(nnx.Module):
     """Encoder-decoder for translation. Token id 0 is padding, 1 is BOS (the decoder's first input)."""
 
     def __init__(self, cfg: Any, *, vocab_size: int, max_len: int, rngs: nnx.Rngs, gates: Any = None):
-        src_embed = _embed(vocab_size, cfg.d_model, rngs)
-        tgt_embed = src_embed if cfg.tie_embeddings else _embed(vocab_size, cfg.d_model, rngs)
+        src_embed = _embed(vocab_size, cfg.d_model, rngs, dtype(cfg))
+        tgt_embed = src_embed if cfg.tie_embeddings else _embed(vocab_size, cfg.d_model, rngs, dtype(cfg))
         self.encoder = Stack(cfg, src_embed, max_len, self_kind="encoder_self", cross=False,
                              num_layers=cfg.num_layers, rngs=rngs)
         self.decoder = Stack(cfg, tgt_embed, max_len, self_kind="decoder_self", cross=True,
                              num_layers=cfg.num_decoder_layers or cfg.num_layers, rngs=rngs)
-        self.logits_proj = nnx.data(None) if cfg.tie_embeddings else nnx.Linear(cfg.d_model, vocab_size, rngs=rngs)
+        self.logits_proj = (nnx.data(None) if cfg.tie_embeddings
+                            else nnx.Linear(cfg.d_model, vocab_size, rngs=rngs, dtype=dtype(cfg)))
         dec = (len(self.decoder.blocks), cfg.num_heads)
         self.gates = make_gates(gates, {"encoder_self": (cfg.num_layers, cfg.num_heads), "decoder_self": dec,
                                         "cross": dec})
@@ -205,7 +211,7 @@ class Seq2Seq(nnx.Module):
         y = self.decoder(self.decoder.embed(decoder_inputs), ctx, start=start, self_mask=None, is_causal=True,
                          memory=memory, cross_mask=cross_mask, head_masks=head_masks)
         if self.logits_proj is None:
-            return self.decoder.embed.attend(y) / jnp.sqrt(y.shape[-1])  # (B, T, V)
+            return self.decoder.embed.attend(y) / jnp.sqrt(y.shape[-1]).astype(y.dtype)  # (B, T, V)
         return self.logits_proj(y)  # (B, T, V)
 
     def __call__(self, inputs: jax.Array, targets: jax.Array, ctx: Ctx = Ctx(),
@@ -218,7 +224,8 @@ class Seq2Seq(nnx.Module):
     def init_cache(self, batch_size: int, max_len: int) -> None:
         """Preallocates every decoder self-attention's KV cache for greedy decoding."""
         for block in self.decoder.blocks:
-            block.self_attn.init_cache((batch_size, max_len, self.decoder.d_model))
+            block.self_attn.init_cache((batch_size, max_len, self.decoder.d_model),
+                                       dtype=block.self_attn.dtype or jnp.float32)
 
 
 class Classifier(nnx.Module):
@@ -229,9 +236,10 @@ class Classifier(nnx.Module):
         self.pooling = cfg.pooling
         self.cls = (nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (1, 1, cfg.d_model)))
                     if cfg.pooling == "cls" else nnx.data(None))
-        self.encoder = Stack(cfg, _embed(vocab_size, cfg.d_model, rngs), max_len + 1, self_kind="encoder_self",
+        self.encoder = Stack(cfg, _embed(vocab_size, cfg.d_model, rngs, dtype(cfg)), max_len + 1,
+                             self_kind="encoder_self",
                              cross=False, num_layers=cfg.num_layers, rngs=rngs)
-        self.head = nnx.Linear(cfg.d_model, num_classes, rngs=rngs)
+        self.head = nnx.Linear(cfg.d_model, num_classes, rngs=rngs, dtype=dtype(cfg))
         self.gates = make_gates(gates, {"encoder_self": (cfg.num_layers, cfg.num_heads)})
 
     def __call__(self, inputs: jax.Array, ctx: Ctx = Ctx(), head_masks: dict | None = None) -> jax.Array:
@@ -239,7 +247,8 @@ class Classifier(nnx.Module):
         x = self.encoder.embed(inputs)  # (B, L, d)
         valid = inputs != PAD  # (B, L)
         if self.cls is not None:
-            x = jnp.concatenate([jnp.broadcast_to(self.cls[...], (x.shape[0], 1, x.shape[-1])), x], axis=1)
+            cls = jnp.broadcast_to(self.cls[...], (x.shape[0], 1, x.shape[-1])).astype(x.dtype)  # (B, 1, d)
+            x = jnp.concatenate([cls, x], axis=1)
             valid = jnp.pad(valid, ((0, 0), (1, 0)), constant_values=True)  # (B, L + 1)
         mask = valid[:, None, None, :]  # (B, 1, 1, L)
         head_masks = gated(self.gates, head_masks, ("encoder_self",), ctx, inputs.shape[0])

@@ -55,6 +55,7 @@ def base_config() -> ml_collections.ConfigDict:
         "num_kv_heads": config_dict.placeholder(int), "head_dim": config_dict.placeholder(int), "mlp_dim": 512,
         "dropout": 0.1, "attention_dropout": 0.0, "attention": attention_config(),
         "norm": "pre", "positions": "sinusoidal", "tie_embeddings": True, "pooling": "mean",
+        "dtype": "float32",  # computation dtype; 'bfloat16' keeps float32 parameters and optimizer state
         "use_query_bias": True, "use_key_bias": True, "use_value_bias": True, "use_out_bias": True,
         "kinds": _kind_overrides(),
     })
@@ -78,7 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
-CHOICES = {"model.norm": ("pre", "post"), "model.positions": ("sinusoidal", "learned"),
+CHOICES = {"model.norm": ("pre", "post"), "model.dtype": ("float32", "bfloat16"), "model.positions": ("sinusoidal", "learned"),
            "model.pooling": ("mean", "cls"), "train.schedule": ("rsqrt", "cosine")}
 POSITIVE = ("model.num_layers", "model.d_model", "model.num_heads", "model.mlp_dim", "train.num_steps",
             "train.batch_size", "train.learning_rate", "train.eval_every", "train.checkpoint_every",
