@@ -15,6 +15,7 @@ from ml_collections import config_flags
 
 from attn_lab.cli import parse_flags
 from attn_lab.train.config import validate_config
+from attn_lab.train.parallel import initialize_distributed
 from attn_lab.train.seeds import parse_seeds, seed_workdirs
 from attn_lab.train.trainer import ResumeError, train_seeds
 
@@ -30,6 +31,7 @@ def main(argv: list[str]) -> int:
         sys.exit(f"error: unexpected arguments {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax/tfds INFO lines drown the progress bar
     try:
+        initialize_distributed(_CONFIG.value.parallel)  # multi-host: before any other JAX work
         validate_config(_CONFIG.value)  # one line naming the bad key, before any data or compilation
         seeds = parse_seeds(_SEEDS.value) if _SEEDS.value is not None else [_CONFIG.value.seed]
         workdirs = seed_workdirs(_WORKDIR.value, seeds)

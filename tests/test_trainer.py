@@ -245,3 +245,43 @@ def test_vmapped_train_step_equals_one_step_per_seed(attention="performer"):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), unstack(joint, i),
                      unstack(alone, 0))
     assert not np.allclose(joint_metrics["loss"][0], joint_metrics["loss"][1])
+
+
+DATA_PARALLEL = """
+import sys
+sys.path.insert(0, {tests!r})
+import jax
+from test_trainer import tiny_numbers
+from attn_lab.train.trainer import Run, train_and_evaluate
+assert len(jax.devices()) == 4
+for shard_params, workdir in ((False, {replicated!r}), (True, {fsdp!r})):
+    c = tiny_numbers({data!r})
+    c.wandb.mode, c.parallel.shard_params = "disabled", shard_params
+    train_and_evaluate(c, workdir)
+    run = Run(c, workdir)  # the restored state, placed as training placed it
+    leaves = jax.tree.leaves(run.state["params"])
+    assert all(len(x.sharding.device_set) == 4 for x in leaves)
+    assert any(not x.sharding.is_fully_replicated for x in leaves) == shard_params
+    run.close()
+"""
+
+
+def test_data_parallel_over_four_devices_equals_one_device(tmp_path, data_dir):
+    """Batch split over 4 (host-platform) devices, parameters replicated or FSDP-sharded: the same losses, eval
+    metrics and decoding scores as one device."""
+    dirs = {"replicated": str(tmp_path / "dp"), "fsdp": str(tmp_path / "fsdp")}
+    code = DATA_PARALLEL.format(tests=os.path.join(ROOT, "tests"), data=data_dir, **dirs)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    c = tiny_numbers(data_dir)
+    c.wandb.mode = "disabled"
+    train_and_evaluate(c, str(tmp_path / "one"))
+    one = _lines(tmp_path / "one")
+    for workdir in dirs.values():
+        many = _lines(workdir)
+        assert [line["step"] for line in many] == [line["step"] for line in one]
+        for a, b in zip(one, many):
+            for key in a:
+                if key != "step":
+                    np.testing.assert_allclose(b[key], a[key], rtol=2e-4, atol=1e-6, err_msg=key)

@@ -72,6 +72,9 @@ def base_config() -> ml_collections.ConfigDict:
         "gates": {"enabled": False, "l0": 0.0, "target": config_dict.placeholder(float), "dual_lr": 0.3,
                   "init": 3.0, "lr": 0.05, "anneal": 0.5},
     })
+    c.parallel = ml_collections.ConfigDict({  # data parallel over all devices; multi-host (attn_lab/train/parallel.py)
+        "shard_params": False, "distributed": False, "coordinator_address": config_dict.placeholder(str),
+        "num_processes": config_dict.placeholder(int), "process_id": config_dict.placeholder(int)})
     c.eval = ml_collections.ConfigDict({"bleu_tokenize": "13a"})  # sacrebleu tokenizer ('char' for one-word targets)
     c.wandb = ml_collections.ConfigDict({"mode": "offline", "project": "attn_lab",
                                          "group": config_dict.placeholder(str), "tags": (),

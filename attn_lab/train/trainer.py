@@ -25,6 +25,7 @@ from attn_lab.train.checkpoint import Checkpointer
 from attn_lab.train.config import validate_config
 from attn_lab.train.decode import compile_decode, supports_cached_decoding
 from attn_lab.train.logging import METRICS_FILE, MetricLogger, write_json_atomic
+from attn_lab.train.parallel import DataParallel
 from attn_lab.train.seeds import seed_map, stack, stack_batches, unstack
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
 
@@ -46,6 +47,8 @@ class Run:
         self.seeds = [int(config.seed)] if seeds is None else list(seeds)
         self.configs = [_with_seed(config, s, len(self.seeds)) for s in self.seeds]
         self.config, self.main = config, jax.process_index() == 0
+        self.parallel = DataParallel(config.parallel.shard_params)
+        self.parallel.check_batch_size(config.train.batch_size)
         self.task = load_task(config.task, config.task.data_dir)
         max_len = max(self.task.max_input_length, self.task.max_target_length or 0) + 1
         models = [build_model(config.model, kind=self.task.kind, vocab_size=self.task.vocab.size, max_len=max_len,
@@ -69,7 +72,7 @@ class Run:
         states, self.start_step = _restore(self.ckpts, states)
         if config.train.init_from and not self.start_step:
             states = [_init_from(config.train.init_from, s, self.main) for s in states]
-        self.state = stack(states)
+        self.state = self.parallel.state(stack(states))  # replicated (or FSDP-sharded) over the devices
         self.loggers = [MetricLogger(w, c.to_dict(), mode=c.wandb.mode, project=c.wandb.project, group=c.wandb.group,
                                      tags=tuple(c.wandb.tags), name=c.wandb.name, resume_step=self.start_step,
                                      is_main_process=self.main) for w, c in zip(self.workdirs, self.configs)]
@@ -86,9 +89,10 @@ class Run:
         for i, batch in enumerate(self.task.dataset(split, tcfg.batch_size, train=False)):
             if tcfg.max_eval_batches and i >= tcfg.max_eval_batches:
                 break
-            sums = {k: sums[k] + np.asarray(v, np.float64) for k, v in self.eval_step(state, batch).items()}
+            placed = self.parallel.batch(batch)
+            sums = {k: sums[k] + np.asarray(v, np.float64) for k, v in self.eval_step(state, placed).items()}
             if self.decode is not None:
-                ids = np.asarray(self.decode(state, batch["inputs"]))  # (S, B, T)
+                ids = np.asarray(self.decode(state, placed["inputs"]))  # (S, B, T)
                 for seed_hyps, rows in zip(hyps, ids):
                     seed_hyps += [self.task.decode(row) for row in rows]
         results = [metrics_lib.summarize({k: float(v[i]) for k, v in sums.items()}) for i in range(n)]
@@ -219,7 +223,8 @@ def _train_loop(run: Run, stop_after: int | None) -> tuple[int, float]:
                     desc="train", dynamic_ncols=True)
     train_time, window_start, window_tokens, step = 0.0, time.time(), 0.0, run.start_step
     for step in range(run.start_step + 1, end + 1):
-        run.state, m = run.train_step(run.state, stack_batches([d[step - 1] for d in datasets]))
+        batch = run.parallel.batch(stack_batches([d[step - 1] for d in datasets]), axis=1)  # (S, B, ...)
+        run.state, m = run.train_step(run.state, batch)
         loss = np.asarray(m["loss"])  # (S,)
         if not np.isfinite(loss).all():
             seeds = [s for s, x in zip(run.seeds, loss) if not np.isfinite(x)]
