@@ -19,7 +19,6 @@ at the chosen dtype).
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import time
 
