@@ -69,3 +69,27 @@ def test_variants_table_joins_benchmark_ratios_and_lra(tmp_path):
     md = table.markdown()
     assert "| local | 61.0 ± 1.0 (3) | 0.50x | 4.00x | – | – | 15.82 | 1.1x / 5.3x |" in md
     assert "| dense |" in md and "36.37" in md
+
+
+def test_pruning_report_reads_curves_structural_and_gates(tmp_path):
+    rows = _rows({"baseline": {}})
+    for row in rows:
+        analysis = tmp_path / row["trial"] / "analysis"
+        analysis.mkdir(parents=True)
+        curve = lambda drop: [{"percent": 0.0, "score": 0.9}, {"percent": 50.0, "score": 0.9 - drop}]
+        (analysis / "prune.json").write_text(json.dumps({"metric": "exact_match", "importance": curve(0.1),
+                                                          "reverse": curve(0.5), "random": curve(0.3)}))
+        (analysis / "structural.json").write_text(json.dumps({"percent_pruned": 50.0, "batch_size": 64,
+                                                              "speedup_vs_full": 1.4, "speedup_vs_masked": 1.3,
+                                                              "max_abs_diff": 1e-6}))
+        binary = {"encoder_self": [[0, 0]], "decoder_self": [[1, 0]], "cross": [[1, 1]]}
+        (analysis / "gates.json").write_text(json.dumps([
+            {"target": 1.0, "kept": 6, "metric": "bleu", "test": 99.0},
+            {"target": 0.5, "kept": 3, "binary": binary, "metric": "bleu", "test": 98.0}]))
+    tables = {t.title: t.markdown() for t in reports.pruning(rows, str(tmp_path), _exp({"baseline": {}}),
+                                                              str(tmp_path))}
+    assert "| 50% | 0.800 ± 0.000 (3) | 0.400 ± 0.000 (3) | 0.600 ± 0.000 (3) |" in tables["Iterative pruning"]
+    assert "1.40 ± 0.00 (3)" in tables["Structural pruning"] and "+17.5%" in tables["Structural pruning"]
+    assert "| 0.5 | 3.0 ± 0.0 (3) | 0.0 ± 0.0 (3) | 1.0 ± 0.0 (3) | 2.0 ± 0.0 (3) | 98.000 ± 0.000 (3) |" in (
+        tables["L0 gates (test bleu)"])
+    assert (tmp_path / "pruning_curves.png").exists()

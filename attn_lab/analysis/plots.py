@@ -46,7 +46,8 @@ def line_plot(path: str, lines: dict[str, tuple[list[float], list[float]]], *, x
     for name, (x, y) in lines.items():
         if spread and name in spread:
             low, high = np.array(spread[name]).T
-            ax.errorbar(x, y, yerr=[np.array(y) - low, high - np.array(y)], marker="o", capsize=3, label=name)
+            yerr = np.maximum([np.array(y) - low, high - np.array(y)], 0.0)  # float noise when all seeds agree
+            ax.errorbar(x, y, yerr=yerr, marker="o", capsize=3, label=name)
         else:
             ax.plot(x, y, marker="o", label=name)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)

@@ -110,12 +110,15 @@ def _curves(found: list[dict], out_dir: str) -> Table:
 
 
 def _gates(found: list[list[dict]]) -> Table:
+    kinds = [k for k in KINDS if k in next((r["binary"] for r in found[0] if "binary" in r), {})]
     body = []
     for i, row in enumerate(found[0]):
-        kept = [f[i]["kept"] for f in found]
-        body.append([row["target"], mean_std(kept, 1), mean_std([f[i]["test"] for f in found], 3)])
+        per_kind = [mean_std([sum(map(sum, f[i]["binary"][k])) for f in found], 1) if "binary" in row else "all"
+                    for k in kinds]
+        body.append([row["target"], mean_std([f[i]["kept"] for f in found], 1), *per_kind,
+                     mean_std([f[i]["test"] for f in found], 3)])
     voita = "; ".join(f"{'/'.join(map(str, k))} -> {b}" for k, b in pub.VOITA_GATES)
-    return Table(f"L0 gates (test {found[0][0]['metric']})", ["target share", "heads kept", "metric"], body,
+    return Table(f"L0 gates (test {found[0][0]['metric']})", ["target share", "heads kept", *kinds, "metric"], body,
                  f"Voita et al. 2019 (heads kept enc/dec/dec-enc -> BLEU, WMT EN-RU): {voita}.")
 
 
