@@ -266,22 +266,56 @@ for shard_params, workdir in ((False, {replicated!r}), (True, {fsdp!r})):
 """
 
 
-def test_data_parallel_over_four_devices_equals_one_device(tmp_path, data_dir):
-    """Batch split over 4 (host-platform) devices, parameters replicated or FSDP-sharded: the same losses, eval
-    metrics and decoding scores as one device."""
+MULTI_HOST = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_trainer import tiny_numbers
+from attn_lab.train.parallel import initialize_distributed
+c = tiny_numbers({data!r})
+c.wandb.mode = "disabled"
+c.parallel.update(distributed=True, coordinator_address={address!r}, num_processes=2, process_id=int(sys.argv[1]))
+initialize_distributed(c.parallel)
+import jax
+from attn_lab.train.trainer import train_and_evaluate
+assert jax.process_count() == 2 and jax.device_count() == 2
+train_and_evaluate(c, {workdir!r})
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_data_parallel_over_four_devices_and_two_processes_equals_one_device(tmp_path, data_dir):
+    """Batch split over 4 (host-platform) devices with parameters replicated or FSDP-sharded, and over two processes
+    joined by jax.distributed (multi-host on one machine): the same losses, eval metrics and decoding scores as one
+    device; only process 0 writes metrics and results."""
+    load_task(tiny_numbers(data_dir).task, data_dir)  # prepared once, before three processes read it
     dirs = {"replicated": str(tmp_path / "dp"), "fsdp": str(tmp_path / "fsdp")}
-    code = DATA_PARALLEL.format(tests=os.path.join(ROOT, "tests"), data=data_dir, **dirs)
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    devices = subprocess.Popen([sys.executable, "-c", DATA_PARALLEL.format(tests=os.path.join(ROOT, "tests"),
+                                                                             data=data_dir, **dirs)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    code = MULTI_HOST.format(tests=os.path.join(ROOT, "tests"), data=data_dir, address=f"localhost:{_free_port()}",
+                             workdir=str(tmp_path / "hosts"))
+    hosts = [subprocess.Popen([sys.executable, "-c", code, str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(2)]
+    for proc in [devices, *hosts]:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-2000:]
     c = tiny_numbers(data_dir)
     c.wandb.mode = "disabled"
     train_and_evaluate(c, str(tmp_path / "one"))
     one = _lines(tmp_path / "one")
-    for workdir in dirs.values():
+    for workdir in [*dirs.values(), str(tmp_path / "hosts")]:
         many = _lines(workdir)
         assert [line["step"] for line in many] == [line["step"] for line in one]
         for a, b in zip(one, many):
             for key in a:
                 if key != "step":
                     np.testing.assert_allclose(b[key], a[key], rtol=2e-4, atol=1e-6, err_msg=key)
+    assert json.load(open(tmp_path / "hosts" / "results.json"))["steps"] == 12

@@ -9,7 +9,7 @@ and a run is exactly the single-device program.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -23,7 +23,20 @@ def initialize_distributed(pcfg: Any) -> None:
     if not pcfg.distributed:
         return
     kwargs = {k: pcfg[k] for k in ("coordinator_address", "num_processes", "process_id") if pcfg[k] is not None}
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU hosts talk over gloo (GPU/TPU unaffected)
     jax.distributed.initialize(**kwargs)
+
+
+def main_process_first(fn: Callable[[], Any], name: str) -> Any:
+    """``fn()`` on process 0, then on the others once it is done (e.g. preparing a dataset into a shared folder,
+    which concurrent builders would race on)."""
+    if jax.process_count() == 1:
+        return fn()
+    from jax.experimental import multihost_utils
+
+    out = fn() if jax.process_index() == 0 else None
+    multihost_utils.sync_global_devices(name)
+    return fn() if jax.process_index() != 0 else out
 
 
 class DataParallel:
@@ -58,6 +71,16 @@ class DataParallel:
         per = x.shape[axis] // jax.process_count()
         local = np.take(x, np.arange(jax.process_index() * per, (jax.process_index() + 1) * per), axis=axis)
         return jax.make_array_from_process_local_data(sharding, local, x.shape)
+
+    @staticmethod
+    def fetch(tree: Any) -> Any:
+        """Arrays -> numpy on this host; with several processes, gathered from all of them (a batch-sharded
+        output such as decoded ids is concatenated back along its sharded axis)."""
+        if jax.process_count() == 1:
+            return jax.tree.map(np.asarray, tree)
+        from jax.experimental import multihost_utils
+
+        return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), tree)
 
     def state(self, state: Any) -> Any:
         """Replicates (or FSDP-shards) every leaf of a training state."""

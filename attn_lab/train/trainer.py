@@ -25,7 +25,7 @@ from attn_lab.train.checkpoint import Checkpointer
 from attn_lab.train.config import validate_config
 from attn_lab.train.decode import compile_decode, supports_cached_decoding
 from attn_lab.train.logging import METRICS_FILE, MetricLogger, write_json_atomic
-from attn_lab.train.parallel import DataParallel
+from attn_lab.train.parallel import DataParallel, main_process_first
 from attn_lab.train.seeds import seed_map, stack, stack_batches, unstack
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
 
@@ -49,7 +49,7 @@ class Run:
         self.config, self.main = config, jax.process_index() == 0
         self.parallel = DataParallel(config.parallel.shard_params)
         self.parallel.check_batch_size(config.train.batch_size)
-        self.task = load_task(config.task, config.task.data_dir)
+        self.task = main_process_first(lambda: load_task(config.task, config.task.data_dir), "attn_lab_data")
         max_len = max(self.task.max_input_length, self.task.max_target_length or 0) + 1
         models = [build_model(config.model, kind=self.task.kind, vocab_size=self.task.vocab.size, max_len=max_len,
                               num_classes=self.task.num_classes, seed=s, gates=config.heads.gates)
@@ -90,9 +90,10 @@ class Run:
             if tcfg.max_eval_batches and i >= tcfg.max_eval_batches:
                 break
             placed = self.parallel.batch(batch)
-            sums = {k: sums[k] + np.asarray(v, np.float64) for k, v in self.eval_step(state, placed).items()}
+            step_sums = self.parallel.fetch(self.eval_step(state, placed))
+            sums = {k: sums[k] + np.asarray(v, np.float64) for k, v in step_sums.items()}
             if self.decode is not None:
-                ids = np.asarray(self.decode(state, placed["inputs"]))  # (S, B, T)
+                ids = self.parallel.fetch(self.decode(state, placed["inputs"]))  # (S, B, T)
                 for seed_hyps, rows in zip(hyps, ids):
                     seed_hyps += [self.task.decode(row) for row in rows]
         results = [metrics_lib.summarize({k: float(v[i]) for k, v in sums.items()}) for i in range(n)]
@@ -114,7 +115,7 @@ class Run:
         """Checkpoints each seed whose parameters are finite, so a NaN never overwrites its last good checkpoint."""
         for i, ckpt in enumerate(self.ckpts):
             state = unstack(self.state, i)
-            finite = all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(state["params"]))
+            finite = all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(self.parallel.fetch(state["params"])))
             if finite and ckpt.latest_step() != step:
                 ckpt.save(step, state)
 
@@ -225,6 +226,7 @@ def _train_loop(run: Run, stop_after: int | None) -> tuple[int, float]:
     for step in range(run.start_step + 1, end + 1):
         batch = run.parallel.batch(stack_batches([d[step - 1] for d in datasets]), axis=1)  # (S, B, ...)
         run.state, m = run.train_step(run.state, batch)
+        m = run.parallel.fetch(m)
         loss = np.asarray(m["loss"])  # (S,)
         if not np.isfinite(loss).all():
             seeds = [s for s, x in zip(run.seeds, loss) if not np.isfinite(x)]
@@ -310,7 +312,7 @@ def _finish(run: Run, i: int, step: int, test: dict[str, float], common: dict) -
     last, best = _eval_history(run.workdirs[i])
     results = {"final": {"validation": last, "test": test}, "best": best, **common,
                "config": run.configs[i].to_dict()}
-    gates = binary_gates(jax.tree.map(np.asarray, unstack(run.state, i)["params"]), run.config.heads.gates.target)
+    gates = binary_gates(run.parallel.fetch(unstack(run.state, i)["params"]), run.config.heads.gates.target)
     if gates is not None:  # which heads the binarized test-time gates keep
         total = sum(np.size(g) for g in gates.values())
         results["gates"] = {"binary": gates, "kept": int(sum(np.sum(g) for g in gates.values())), "total": total}
