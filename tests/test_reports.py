@@ -58,7 +58,8 @@ def test_diversity_table_reads_similarity_and_prunable_heads(tmp_path):
     (table,) = reports.diversity(rows, str(tmp_path), _exp(variants), str(tmp_path))
     md = table.markdown()
     assert "| baseline | 0.510 ± 0.010 (3) |" in md and "0.800 ± 0.000 (3)" in md and "0.200" in md
-    assert "25 ± 0 (3)" in md and "27.64 -> 28.51" in md  # 25% within 1 BLEU; Li et al. beside
+    assert "25 ± 0 (3) | 98.50 ± 0.00 (3) |" in md and "27.64 -> 28.51" in md  # 25% within 1 BLEU; Li et al.
+    assert "metric with 25.0% of heads pruned" in md
 
 
 def test_variants_table_joins_benchmark_ratios_and_lra(tmp_path):

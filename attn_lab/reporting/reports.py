@@ -154,19 +154,23 @@ def _prunable_within(curve: list[dict], margin: float) -> float:
 
 
 def diversity(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
-    """Li et al. style: each regularizer vs the baseline -- metric, head similarity, heads prunable within 1 BLEU."""
-    body = []
+    """Li et al. style: each regularizer vs the baseline -- metric, head similarity, robustness to pruning (the share
+    of heads prunable within 1 BLEU, and the metric after the first pruning step, both in importance order)."""
+    body, first = [], None
     for variant, g in _by_variant(rows).items():
         metric = _metric(g[0])
         diag = _analyses(sweep_dir, g, "diagnose")
         sims = [np.mean([v["mean_similarity"] for v in d.values()]) for d in diag]
         prune = _analyses(sweep_dir, g, "prune")
         margin = 1.0 if prune and prune[0].get("metric") == "bleu" else 0.01
+        first = first or (prune[0]["importance"][1]["percent"] if prune else None)
         body.append([variant, mean_std(column(g, metric), 3), mean_std(column(g, "test_exact_match"), 3),
-                     mean_std(sims, 3), mean_std([_prunable_within(p["importance"], margin) for p in prune], 0)])
+                     mean_std(sims, 3), mean_std([_prunable_within(p["importance"], margin) for p in prune], 0),
+                     mean_std([p["importance"][1]["score"] for p in prune], 2)])
     li = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in pub.LI_DIVERSITY.items())
     return [Table("Head diversity", ["variant", "BLEU / accuracy", "exact match", "mean head map similarity",
-                                     "% heads prunable within 1 BLEU"], body,
+                                     "% heads prunable within 1 BLEU",
+                                     f"metric with {first or 0:.1f}% of heads pruned"], body,
                   f"Li et al. 2018 (disagreement regularization, BLEU base -> regularized): {li}.")]
 
 
