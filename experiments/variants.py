@@ -13,7 +13,7 @@ def get_experiment(preset: str = "quick") -> dict:
     ListOps (depth 10, length up to 2000), every kernel, 3 seeds."""
     if preset == "quick":
         return {"name": "variants_quick", "config": "configs/listops.py:quick", "report": "variants",
-                "overrides": {"task.min_length": 1000, "task.max_length": 1024, "task.max_depth": 5,
+                "overrides": {"task.min_length": 1000, "task.max_length": 1024, "task.max_depth": 8,
                               "task.num_train": 2400, "task.num_validation": 200, "task.num_test": 200,
                               "model.attention.linformer.max_len": 1025, "model.num_layers": 1,
                               "train.batch_size": 16, "train.num_steps": 150, "train.warmup_steps": 30,

@@ -17,6 +17,7 @@ from typing import Any
 import tensorflow_datasets as tfds
 
 from attn_lab.data import pipeline, spm
+from attn_lab.data.builders import prepare_lock
 
 PREFIX = "tfds:"
 KINDS = ("translation", "classification")
@@ -67,7 +68,8 @@ def prepare(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
         raise ValueError(f"task.name={name!r} is not prepared in {data_dir} and this machine is offline; prepare it "
                          "once on a machine with network into the same task.data_dir")
     try:
-        builder.download_and_prepare(file_format="array_record")
+        with prepare_lock(data_dir, name.replace("/", "_")):
+            builder.download_and_prepare(file_format="array_record")
     except ModuleNotFoundError as e:
         if "tensorflow" not in str(e):
             raise

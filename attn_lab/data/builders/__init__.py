@@ -7,6 +7,8 @@ files and read with `builder.as_data_source()`: random access, no TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 
@@ -77,9 +79,23 @@ def prepare(
     # TFDS refuses a config object that merely shares its name with one
     # declared in the class, so pass the declared one by name when they match.
     declared = builder_cls.builder_configs.get(config.name)
-    builder = builder_cls(data_dir=data_dir, config=config.name if declared else config)
-    builder.download_and_prepare(file_format="array_record")
+    with prepare_lock(data_dir, f"{builder_cls.name}-{config.name}"):  # sweep trials may start together
+        builder = builder_cls(data_dir=data_dir, config=config.name if declared else config)
+        builder.download_and_prepare(file_format="array_record")
     return builder
+
+
+@contextlib.contextmanager
+def prepare_lock(data_dir: str, name: str):
+    """An exclusive file lock per dataset, so processes preparing the same dataset at once (parallel sweep trials,
+    hosts) take turns: the first prepares, the others then find it prepared."""
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, f".{name}.lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def save_vocab(builder: tfds.core.DatasetBuilder, train_texts: list[str], level: tokenizers.Level) -> None:
