@@ -90,7 +90,7 @@ def prepare_lock(data_dir: str, name: str):
     """An exclusive file lock per dataset, so processes preparing the same dataset at once (parallel sweep trials,
     hosts) take turns: the first prepares, the others then find it prepared."""
     os.makedirs(data_dir, exist_ok=True)
-    with open(os.path.join(data_dir, f".{name}.lock"), "w") as handle:
+    with open(os.path.join(data_dir, f".{name}.lock"), "a") as handle:  # "a": a reuse changes no file
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
