@@ -129,3 +129,26 @@ def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial_then_analyzes_a
     os.remove(tmp_path / "runs" / "variant=two,seed=1" / "results.json")
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and "seed=0: skipped" in second.stdout and "seed=1: ok" in second.stdout
+
+
+@pytest.mark.parametrize("experiment", ["head_count:quick", "head_count:full", "head_count:bible", "pruning:quick",
+                                        "pruning:full", "diversity:quick", "diversity:full", "variants:quick",
+                                        "variants:full"])
+def test_every_shipped_experiment_preset_builds_valid_trials(experiment):
+    """Every trial of every preset passes the config validation a run does first (a preset that cannot run --
+    e.g. a ListOps length the depth cannot reach -- fails here, not an hour into a sweep)."""
+    from attn_lab.sweep.spec import load_config_file
+    from attn_lab.train.config import validate_config
+
+    name, preset = experiment.split(":")
+    exp = load_experiment(os.path.join(ROOT, "experiments", f"{name}.py:{preset}"))
+    assert exp.report and exp.trials()
+    for trial in exp.trials()[:: len(exp.seeds)]:  # seeds do not change validity
+        config = load_config_file(exp.config)
+        for key, value in trial.overrides.items():
+            *path, last = key.split(".")
+            node = config
+            for part in path:
+                node = node[part]
+            node[last] = value
+        validate_config(config)
