@@ -92,7 +92,7 @@ def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTra
         loss_sum, weight_sum = losses.cross_entropy(logits, labels, weights, label_smoothing)
         task_loss = loss_sum / jnp.maximum(weight_sum, 1.0)
         reg, terms = diversity_lib.regularizer(model, diversity) if regularize else (0.0, {})
-        if model.gates is not None:
+        if getattr(model, "gates", None) is not None:  # models built without config.heads.gates have none
             penalty, gate_terms = model.gates.penalty(gates, state["step"] / num_steps)
             reg, terms = reg + penalty, {**terms, **gate_terms}
         aux = (task_loss, terms, losses.correct(logits, labels, weights), weight_sum, model_state(model))
