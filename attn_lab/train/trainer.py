@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 import tqdm
-from flax import nnx
+from flax import nnx, traverse_util
 
 from attn_lab.analysis.capture import as_layers, capture_step, track_summary
 from attn_lab.data import load_task
@@ -71,7 +71,7 @@ class Run:
         self.ckpts = [Checkpointer(os.path.join(w, "checkpoints")) for w in self.workdirs]
         states, self.start_step = _restore(self.ckpts, states)
         if config.train.init_from and not self.start_step:
-            states = [_init_from(config.train.init_from, s, self.main) for s in states]
+            states = _init_from(config.train.init_from, states, self.main)
         self.state = self.parallel.state(stack(states))  # replicated (or FSDP-sharded) over the devices
         self.loggers = [MetricLogger(w, c.to_dict(), mode=c.wandb.mode, project=c.wandb.project, group=c.wandb.group,
                                      tags=tuple(c.wandb.tags), name=c.wandb.name, resume_step=self.start_step,
@@ -160,40 +160,25 @@ def _restore(ckpts: list[Checkpointer], states: list[dict]) -> tuple[list[dict],
     return [c.restore(s, step) for c, s in zip(ckpts, states)], step
 
 
-def _init_from(path: str, state: dict, verbose: bool) -> dict:
-    """``state`` with every parameter that the finished run in ``path`` also has (same path, same shape) taken from
-    it; parameters it lacks (e.g. new head gates) keep their initialization; the optimizer starts fresh."""
+def _init_from(path: str, states: list[dict], verbose: bool) -> list[dict]:
+    """Each seed's state with every parameter that the finished run in ``path`` also has (same path, same shape)
+    taken from it; parameters it lacks (e.g. new head gates) keep their initialization; the optimizer starts fresh.
+    The source run is loaded once for all seeds."""
     from attn_lab.analysis.run import load_finished_run  # the source run's own config rebuilds its model
 
-    source = {tuple(p): v for p, v in _flat(load_finished_run(path).state["params"])}
-    loaded, params = [], {}
-    for p, v in _flat(state["params"]):
-        if p in source and source[p].shape != v.shape:
-            raise ValueError(f"train.init_from: parameter {'/'.join(map(str, p))} is {source[p].shape} in {path}, "
-                             f"{v.shape} here")
-        params[p] = source[p] if p in source else v
-        loaded += [p] if p in source else []
+    source = traverse_util.flatten_dict(load_finished_run(path).state["params"])
+    out = []
+    for state in states:
+        params = traverse_util.flatten_dict(state["params"])
+        for p, v in params.items():
+            if p in source and source[p].shape != v.shape:
+                raise ValueError(f"train.init_from: parameter {'/'.join(map(str, p))} is {source[p].shape} in "
+                                 f"{path}, {v.shape} here")
+        out.append({**state, "params": traverse_util.unflatten_dict({p: source.get(p, v) for p, v in params.items()})})
     if verbose:
         new = sorted({"/".join(map(str, p[:2])) for p in params if p not in source})
-        print(f"init_from {path}: {len(loaded)} of {len(params)} parameter arrays loaded"
+        print(f"init_from {path}: {sum(p in source for p in params)} of {len(params)} parameter arrays loaded"
               + (f"; new: {', '.join(new)}" if new else ""), flush=True)
-    return {**state, "params": _unflat(params)}
-
-
-def _flat(tree: dict, prefix: tuple = ()) -> list[tuple[tuple, Any]]:
-    out = []
-    for k, v in tree.items():
-        out += _flat(v, (*prefix, k)) if isinstance(v, dict) else [((*prefix, k), v)]
-    return out
-
-
-def _unflat(flat: dict[tuple, Any]) -> dict:
-    out: dict = {}
-    for path, v in flat.items():
-        node = out
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = v
     return out
 
 
