@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from attn_lab.data import TASKS, Vocab, load_task, validate_task_config
+from attn_lab.data import pipeline
 from attn_lab.data.builders import listops
 from attn_lab.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -228,6 +229,49 @@ def test_eval_pass_covers_every_example_once(numbers_task, listops_task):
     assert mask.dtype == np.float32 and mask.sum() == 40 and len(mask) == 48
     assert labels[mask > 0].tolist() == listops_task.references("validation")
     assert not batches[-1]["inputs"][mask[32:] == 0].any()
+
+
+class _Recording(list):
+    """A random-access source that remembers which records were read."""
+
+    def __init__(self, items):
+        super().__init__(items)
+        self.read = set()
+
+    def __getitem__(self, i):
+        self.read.add(i)
+        return list.__getitem__(self, i)
+
+
+def _pad_stack(pieces: list[np.ndarray]) -> np.ndarray:
+    """What DataParallel.batch makes of the hosts' pieces: each padded to the largest, stacked along rows."""
+    shape = np.max([p.shape for p in pieces], axis=0)
+    return np.concatenate([np.pad(p, [(0, n - m) for n, m in zip(shape, p.shape)]) for p in pieces])
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_each_host_reads_only_its_rows_and_together_they_make_the_batch(numbers_task, listops_task, hosts):
+    cases = [(numbers_task, "train", True, 8), (numbers_task, "test", False, 8),  # 20 rows: the last batch has 4
+             (listops_task, "train", True, 16), (listops_task, "validation", False, 16)]
+    for task, split, train, size in cases:
+        whole = task.dataset(split, size, train=train, seed=3)
+        parts = [task.dataset(split, size, train=train, seed=3, shard=(p, hosts)) for p in range(hosts)]
+        steps = range(6) if train else range(len(whole))
+        assert train or all(len(part) == len(whole) for part in parts)
+        for s in steps:
+            pieces = [part[s] for part in parts]
+            for key, value in whole[s].items():
+                assert all(len(piece[key]) == size // hosts for piece in pieces)
+                np.testing.assert_array_equal(_pad_stack([piece[key] for piece in pieces]), value, err_msg=key)
+
+    # Host p reads exactly rows [p * b, (p + 1) * b) of each batch (and the other hosts read the rest).
+    source = _Recording(range(20))
+    encode, collate = (lambda r: {"x": r}), (lambda rows: [r["x"] for r in rows])
+    ds = pipeline.batched(source, encode, collate, 8, train=False, shard=(1, hosts))
+    rows = [r for i in range(len(ds)) for r in ds[i]]
+    b = 8 // hosts
+    assert rows == [i for i in range(20) if (i % 8) // b == 1]
+    assert source.read == set(rows)
 
 
 def test_unknown_task_name_one_line_error(tmp_path):

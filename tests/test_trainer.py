@@ -281,6 +281,14 @@ import jax
 from attn_lab.train.trainer import train_and_evaluate
 assert jax.process_count() == 2 and jax.device_count() == 2
 train_and_evaluate(c, {workdir!r})
+# Hosts whose rows pad to different lengths: both pad to the longer one, and the global batch is their rows stacked.
+import numpy as np
+from attn_lab.train.parallel import DataParallel
+p = jax.process_index()
+dp = DataParallel()
+whole = dp.fetch(dp.batch({{"inputs": np.full((2, 8 + 4 * p), p + 1, np.int32), "mask": np.ones(2, np.float32)}}))
+assert whole["inputs"].shape == (4, 12) and whole["mask"].shape == (4,), whole["inputs"].shape
+assert (whole["inputs"][:2, :8] == 1).all() and not whole["inputs"][:2, 8:].any() and (whole["inputs"][2:] == 2).all()
 """
 
 
@@ -294,8 +302,8 @@ def _free_port() -> int:
 
 def test_data_parallel_over_four_devices_and_two_processes_equals_one_device(tmp_path, data_dir):
     """Batch split over 4 (host-platform) devices with parameters replicated or FSDP-sharded, and over two processes
-    joined by jax.distributed (multi-host on one machine): the same losses, eval metrics and decoding scores as one
-    device; only process 0 writes metrics and results."""
+    joined by jax.distributed (multi-host on one machine, each host reading only its rows of every batch): the same
+    losses, eval metrics and decoding scores as one device; only process 0 writes metrics and results."""
     load_task(tiny_numbers(data_dir).task, data_dir)  # prepared once, before three processes read it
     dirs = {"replicated": str(tmp_path / "dp"), "fsdp": str(tmp_path / "fsdp")}
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}

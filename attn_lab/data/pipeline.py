@@ -133,31 +133,42 @@ def batched(
     *,
     train: bool,
     seed: int = 0,
+    shard: tuple[int, int] = (0, 1),
 ) -> grain.MapDataset:
     """Builds the batch dataset over a random-access source.
 
     Args:
       source: records with random access (e.g. a TFDS array_record source).
       encode: record -> token ids.
-      collate: list of encoded records -> padded batch of `batch_size` rows.
-      batch_size: rows per batch.
+      collate: list of encoded records -> padded batch (fill rows included)
+        of `batch_size // shard[1]` rows.
+      batch_size: rows per global batch.
       train: True shuffles with `seed` (a fresh order each epoch), repeats
         forever and drops partial batches; False makes one ordered pass whose
         last batch is topped up with fill rows.
       seed: shuffle seed (train only).
+      shard: (process index, process count). Process p reads, encodes and
+        pads only rows [p * b, (p + 1) * b) of every global batch, b =
+        batch_size / count, so each host of a multi-host run touches only its
+        own records; the hosts' pieces, stacked, are the one-process batch
+        (after padding to the longest piece, see DataParallel.batch).
 
     Returns:
-      A MapDataset of batches; `ds[s]` is batch s.
+      A MapDataset of this process's batches; `ds[s]` is its part of batch s.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    index, count = shard
+    if batch_size < 1 or batch_size % count:
+        raise ValueError(f"batch_size={batch_size} must be positive and divisible by the {count} processes")
     ds = grain.MapDataset.source(source)
     if train:
         if len(source) < batch_size:
             raise ValueError(f"batch_size={batch_size} exceeds the {len(source)} training examples")
-        ds = ds.shuffle(seed=seed).repeat(None)
-    ds = ds.map(encode)
-    return ds.batch(batch_size, drop_remainder=train, batch_fn=collate)
+        ds = ds.shuffle(seed=seed).repeat(None).map(encode)
+    else:  # whole global batches: indices past the end are fill rows ({}), so every host has a last batch
+        n, encoded = len(source), ds.map(encode)
+        ds = grain.MapDataset.range(-(-n // batch_size) * batch_size).map(lambda i: encoded[i] if i < n else {})
+    ds = ds.batch(batch_size // count, drop_remainder=train, batch_fn=lambda rows: collate([r for r in rows if r]))
+    return ds[index::count] if count > 1 else ds
 
 
 def as_text(value: Any) -> str:

@@ -70,7 +70,8 @@ class Task:
         """Number of examples in `split`."""
         return len(self._source(split))
 
-    def dataset(self, split: str, batch_size: int, *, train: bool, seed: int = 0) -> grain.MapDataset:
+    def dataset(self, split: str, batch_size: int, *, train: bool, seed: int = 0,
+                shard: tuple[int, int] = (0, 1)) -> grain.MapDataset:
         """Batches of `split`, padded to bucketed lengths.
 
         Args:
@@ -81,20 +82,24 @@ class Task:
             ordered pass; the last batch is topped up with all-pad rows
             (classification also marks them with mask 0).
           seed: shuffle seed, used when `train`.
+          shard: (process index, process count): this process's rows of each
+            batch only (multi-host data parallel, see pipeline.batched).
 
         Returns:
           A grain MapDataset of dicts of numpy arrays.
         """
+        rows = batch_size // shard[1]  # this process's rows of every global batch
         input_buckets = pipeline.bucket_lengths(self.max_input_length)
         if self.kind == "translation":
             encode = pipeline.encode_translation(self.vocab, self.max_input_length, self.max_target_length)
             collate = pipeline.collate_translation(
-                batch_size, input_buckets, pipeline.bucket_lengths(self.max_target_length)
+                rows, input_buckets, pipeline.bucket_lengths(self.max_target_length)
             )
         else:
             encode = pipeline.encode_classification(self.vocab, self.max_input_length)
-            collate = pipeline.collate_classification(batch_size, input_buckets)
-        return pipeline.batched(self._source(split), encode, collate, batch_size, train=train, seed=seed)
+            collate = pipeline.collate_classification(rows, input_buckets)
+        return pipeline.batched(self._source(split), encode, collate, batch_size, train=train, seed=seed,
+                                shard=shard)
 
     def references(self, split: str) -> list[str] | list[int]:
         """What the eval pass should predict, in dataset order.

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from attn_lab.data.tokenizers import PAD_ID
+
 
 def initialize_distributed(pcfg: Any) -> None:
     """``jax.distributed.initialize`` when ``parallel.distributed``; address, process count and id come from the
@@ -56,21 +58,23 @@ class DataParallel:
             raise ValueError(f"train.batch_size={batch_size} must be divisible by the {len(self.devices)} devices "
                              "(data parallel)")
 
+    @property
+    def shard(self) -> tuple[int, int]:
+        """(process index, process count): which rows of every global batch this process reads."""
+        return jax.process_index(), jax.process_count()
+
     def batch(self, batch: dict[str, np.ndarray], axis: int = 0) -> dict:
-        """Splits every array along ``axis`` (the example axis) over the devices; each process contributes the
-        slice of the global batch that its own devices hold."""
+        """Places this process's rows of a batch (all of it with one process; ``Task.dataset(..., shard=
+        self.shard)`` otherwise) as one global array per key, split along ``axis`` (the example axis) over the
+        devices."""
         if not self.active:
             return batch
-        spec = PartitionSpec(*([None] * axis), "data")
-        return {k: self._put(np.asarray(v), NamedSharding(self.mesh, spec), axis) for k, v in batch.items()}
-
-    @staticmethod
-    def _put(x: np.ndarray, sharding: NamedSharding, axis: int) -> jax.Array:
+        sharding = NamedSharding(self.mesh, PartitionSpec(*([None] * axis), "data"))
         if jax.process_count() == 1:
-            return jax.device_put(x, sharding)
-        per = x.shape[axis] // jax.process_count()
-        local = np.take(x, np.arange(jax.process_index() * per, (jax.process_index() + 1) * per), axis=axis)
-        return jax.make_array_from_process_local_data(sharding, local, x.shape)
+            return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}
+        local = _pad_to_common_shape({k: np.asarray(v) for k, v in batch.items()})
+        return {k: jax.make_array_from_process_local_data(sharding, v, _global_shape(v.shape, axis))
+                for k, v in local.items()}
 
     @staticmethod
     def fetch(tree: Any) -> Any:
@@ -95,3 +99,25 @@ class DataParallel:
                 if size % n == 0 and size >= n:
                     return NamedSharding(self.mesh, PartitionSpec(*([None] * axis), "data"))
         return NamedSharding(self.mesh, PartitionSpec())
+
+
+def _global_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    return shape[:axis] + (shape[axis] * jax.process_count(),) + shape[axis + 1:]
+
+
+def _pad_to_common_shape(local: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Pads each process's arrays to the largest shape any process holds (one small all-gather of shapes).
+
+    Each host pads its rows to the bucket of its own longest sequence; the largest of those buckets is the one the
+    whole batch gets on one process, so extra columns are padding (PAD_ID = 0) exactly as there.
+    """
+    from jax.experimental import multihost_utils
+
+    dims = np.concatenate([np.asarray(v.shape, np.int64) for v in local.values()])  # every key's shape, flat
+    common = np.asarray(multihost_utils.process_allgather(dims)).reshape(jax.process_count(), -1).max(axis=0)
+    out, start = {}, 0
+    for k, v in local.items():
+        target = common[start:start + v.ndim]
+        out[k] = np.pad(v, [(0, int(t) - n) for n, t in zip(v.shape, target)], constant_values=PAD_ID)
+        start += v.ndim
+    return out

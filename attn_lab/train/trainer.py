@@ -86,7 +86,8 @@ class Run:
         """Per seed: loss and accuracy on ``split``; translation adds greedy-decoded BLEU and exact match."""
         tcfg, state, n = self.config.train, self.state, len(self.seeds)
         sums, hyps = {k: np.zeros(n) for k in ("loss", "correct", "weight")}, [[] for _ in range(n)]
-        for i, batch in enumerate(self.task.dataset(split, tcfg.batch_size, train=False)):
+        for i, batch in enumerate(self.task.dataset(split, tcfg.batch_size, train=False,
+                                                         shard=self.parallel.shard)):
             if tcfg.max_eval_batches and i >= tcfg.max_eval_batches:
                 break
             placed = self.parallel.batch(batch)
@@ -203,7 +204,8 @@ def _eval_history(workdir: str) -> tuple[dict[str, float], dict[str, float]]:
 def _train_loop(run: Run, stop_after: int | None) -> tuple[int, float]:
     """Steps from the restored step to ``num_steps`` (or ``stop_after``); returns (last step, train seconds)."""
     tcfg = run.config.train
-    datasets = [run.task.dataset("train", tcfg.batch_size, train=True, seed=s) for s in run.seeds]
+    datasets = [run.task.dataset("train", tcfg.batch_size, train=True, seed=s, shard=run.parallel.shard)
+                for s in run.seeds]  # this process's rows of each batch
     end = tcfg.num_steps if stop_after is None else min(stop_after, tcfg.num_steps)
     bar = tqdm.tqdm(total=tcfg.num_steps, initial=run.start_step, disable=not run.main, mininterval=1.0,
                     desc="train", dynamic_ncols=True)
