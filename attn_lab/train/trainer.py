@@ -86,8 +86,8 @@ class Run:
         """Per seed: loss and accuracy on ``split``; translation adds greedy-decoded BLEU and exact match."""
         tcfg, state, n = self.config.train, self.state, len(self.seeds)
         sums, hyps = {k: np.zeros(n) for k in ("loss", "correct", "weight")}, [[] for _ in range(n)]
-        for i, batch in enumerate(self.task.dataset(split, tcfg.batch_size, train=False,
-                                                         shard=self.parallel.shard)):
+        batches = self.task.dataset(split, tcfg.batch_size, train=False, shard=self.parallel.shard)  # this host's rows
+        for i, batch in enumerate(batches):
             if tcfg.max_eval_batches and i >= tcfg.max_eval_batches:
                 break
             placed = self.parallel.batch(batch)
