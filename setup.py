@@ -7,12 +7,22 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["attn_lab", "attn_lab.*"]),
     install_requires=[
-        "jax>=0.10.0",
-        "flax>=0.12.0",
+        # jax/flax: pairs CI installs and tests (requirements/constraints-py3*.txt hold the exact versions).
+        # Python 3.11 tops out at jax 0.10.2 and flax 0.12.8; flax 0.12.8 fails at import under jax >= 0.11
+        # ("jax.experimental.hijax has no attribute 'HiPrimitive'"), so each Python gets its own working pair.
+        # JAX 0.x minors change APIs: the upper bound moves once CI has passed on the next minor.
+        'jax>=0.10.2,<0.11; python_version < "3.12"',
+        'flax>=0.12.8,<0.12.9; python_version < "3.12"',
+        'jax>=0.11.2,<0.13; python_version >= "3.12"',
+        'flax>=0.12.10,<0.13; python_version >= "3.12"',
         "optax>=0.2.8",
         "ml-collections>=1.1.0",
         "absl-py>=2.1",
-        "tensorflow-datasets>=4.9.10",
+        "tensorflow-datasets>=4.9.10,<4.10",
+        # tensorflow-datasets 4.9.10 imports importlib_resources (dataset_builder.code_path) but declares it only for
+        # Python < 3.9; etils >= 1.15 stopped pulling it in, so without this line dataset preparation fails with
+        # "No module named 'importlib_resources'" in a fresh environment.
+        "importlib_resources>=6.0",
         "array-record>=0.8.1",
         "grain>=0.2.18",
         "orbax-checkpoint>=0.12.0",

@@ -18,6 +18,7 @@ from flax import nnx, traverse_util
 
 from attn_lab.analysis.capture import as_layers, capture_step, track_summary
 from attn_lab.data import load_task
+from attn_lab.environment import environment
 from attn_lab.models import build_model, count_params
 from attn_lab.models.gates import binary_gates
 from attn_lab.train import metrics as metrics_lib
@@ -73,9 +74,10 @@ class Run:
         if config.train.init_from and not self.start_step:
             states = _init_from(config.train.init_from, states, self.main)
         self.state = self.parallel.state(stack(states))  # replicated (or FSDP-sharded) over the devices
-        self.loggers = [MetricLogger(w, c.to_dict(), mode=c.wandb.mode, project=c.wandb.project, group=c.wandb.group,
-                                     tags=tuple(c.wandb.tags), name=c.wandb.name, resume_step=self.start_step,
-                                     is_main_process=self.main) for w, c in zip(self.workdirs, self.configs)]
+        self.environment = environment()  # versions, devices and commit: in results.json and the W&B config
+        self.loggers = [MetricLogger(w, c.to_dict() | {"environment": self.environment}, mode=c.wandb.mode,
+                                     project=c.wandb.project, group=c.wandb.group, tags=tuple(c.wandb.tags),
+                                     name=c.wandb.name, resume_step=self.start_step, is_main_process=self.main) for w, c in zip(self.workdirs, self.configs)]
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Logs seed i's slice of each ``[S]`` metric to seed i's logger."""
@@ -288,7 +290,7 @@ def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *,
         common = {"num_params": run.num_params, "steps": step, "compilations": run.compilations(),
                   "wall_time_sec": time.time() - start,
                   "steps_per_sec": (step - run.start_step) / max(train_time, 1e-9),
-                  "seeds_vectorized": len(run.seeds)}
+                  "seeds_vectorized": len(run.seeds), "environment": run.environment}
         return [_finish(run, i, step, test, common) for i, test in enumerate(tests)]
     finally:
         run.close()
