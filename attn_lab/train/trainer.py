@@ -77,7 +77,8 @@ class Run:
         self.environment = environment()  # versions, devices and commit: in results.json and the W&B config
         self.loggers = [MetricLogger(w, c.to_dict() | {"environment": self.environment}, mode=c.wandb.mode,
                                      project=c.wandb.project, group=c.wandb.group, tags=tuple(c.wandb.tags),
-                                     name=c.wandb.name, resume_step=self.start_step, is_main_process=self.main) for w, c in zip(self.workdirs, self.configs)]
+                                     name=c.wandb.name, resume_step=self.start_step, is_main_process=self.main)
+                        for w, c in zip(self.workdirs, self.configs)]
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Logs seed i's slice of each ``[S]`` metric to seed i's logger."""
