@@ -79,3 +79,13 @@ def describe(env: dict[str, Any]) -> str:
     commit = (git.get("commit") or "no git")[:10] + (" (dirty)" if git.get("dirty") else "")
     return (f"python {env.get('python')}, {names}; {env.get('backend')} {env.get('device_kind')} "
             f"x{env.get('device_count')}; commit {commit}")
+
+
+def summarize(blocks: list[dict[str, Any] | None]) -> list[str]:
+    """``'<n> run(s): <describe(env)>'`` per distinct environment, most runs first; runs written before environments
+    were recorded count as ``not recorded``."""
+    counts: dict[str, int] = {}
+    for env in blocks:
+        line = describe(env) if env else "not recorded (results.json written before environments were recorded)"
+        counts[line] = counts.get(line, 0) + 1
+    return [f"{n} run{'s' if n > 1 else ''}: {line}" for line, n in sorted(counts.items(), key=lambda kv: -kv[1])]

@@ -51,8 +51,25 @@ def main(argv: list[str]) -> int:
     os.makedirs(out, exist_ok=True)
     tables = REPORTS[exp.report](rows, args.sweep_dir, exp, out, bench)
     print(write_tables(out, exp.report, tables))
-    print(f"wrote {out}/{exp.report}.md, .tex and PNGs")
+    envs = _environments(args.sweep_dir, rows)
+    print("Environments of these runs:\n" + "\n".join(f"  {line}" for line in envs))
+    with open(os.path.join(out, "environments.md"), "w") as f:
+        f.write("# Environments of these runs\n\n" + "".join(f"- {line}\n" for line in envs))
+    print(f"wrote {out}/{exp.report}.md, .tex, environments.md and PNGs")
     return 0
+
+
+def _environments(sweep_dir: str, rows: list[dict]) -> list[str]:
+    """One line per distinct environment (versions, devices, commit) among the finished trials' results.json."""
+    from attn_lab.environment import summarize
+
+    blocks = []
+    for row in rows:
+        path = os.path.join(sweep_dir, row["trial"], "results.json")
+        if row["status"] in ("ok", "skipped") and os.path.exists(path):
+            with open(path) as f:
+                blocks.append(json.load(f).get("environment"))
+    return summarize(blocks)
 
 
 if __name__ == "__main__":

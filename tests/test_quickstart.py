@@ -1,0 +1,60 @@
+"""The README's Quickstart, as a new user runs it: its main job at tiny size, and its test command as CI runs it.
+
+The commands are read from README.md, not copied here, so a README edit that breaks them fails this test.
+"""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _quickstart_commands() -> list[str]:
+    """The shell commands of the Quickstart section's ```bash blocks, in order."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", section, re.S)]
+
+
+def test_quickstart_is_two_commands_install_then_run():
+    main_job, tests = _quickstart_commands()
+    assert main_job.startswith("pip install -e . && python scripts/sweep.py ")
+    assert tests == 'pip install -e ".[test]" && python -m pytest'
+    ci = open(os.path.join(ROOT, ".ci", "run")).read()
+    assert "README.md" in ci and "--system-site-packages" not in ci  # CI runs the README's command in a new venv
+
+
+def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
+    """The README's sweep command (its own config and flags; workdir moved to tmp) with a --shard of two trials
+    and a few steps, then its make_tables command on the result: the path a new user runs first."""
+    main_job, _ = _quickstart_commands()
+    _, sweep, tables = [shlex.split(part) for part in main_job.split(" && ")]
+    assert sweep[:2] == ["python", "scripts/sweep.py"] and tables[:2] == ["python", "scripts/make_tables.py"]
+    workdir = sweep[sweep.index("--workdir") + 1]
+    assert tables[2] == workdir
+    runs = str(tmp_path / "runs")
+    sweep = [runs if a == workdir else a for a in sweep]
+    tiny = ["--shard", "0/15", f"--config.task.data_dir={tmp_path / 'data'}", "--config.task.max_value=199",
+            "--config.train.num_steps=4", "--config.train.eval_every=4", "--config.train.checkpoint_every=4",
+            "--config.train.log_every=2", "--config.train.batch_size=16", "--config.train.max_eval_batches=1",
+            "--config.wandb.mode=disabled", f"--config.compile_cache={tmp_path / 'cache'}"]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    first = subprocess.run([sys.executable, *sweep[1:], *tiny], cwd=ROOT, capture_output=True, text=True,
+                           timeout=600, env=env)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    finished = [d for d in os.listdir(runs) if os.path.exists(os.path.join(runs, d, "results.json"))]
+    assert len(finished) == 2  # trials 0 and 15 of the 30
+    results = json.load(open(os.path.join(runs, finished[0], "results.json")))
+    env_block = results["environment"]
+    assert env_block["packages"]["jax"] and env_block["backend"] == "cpu" and env_block["device_count"] >= 1
+    assert env_block["python"] == ".".join(map(str, sys.version_info[:3]))
+    made = subprocess.run([sys.executable, tables[1], runs], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert os.path.exists(os.path.join(runs, "tables", "head_count.md"))
+    assert "Environments of these runs:" in made.stdout and "2 runs: python " in made.stdout
+    assert f"jax {env_block['packages']['jax']}" in made.stdout
