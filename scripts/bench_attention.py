@@ -1,12 +1,17 @@
-"""Times forward+backward and reads compiled memory of every registered attention kernel against two references.
+"""Times forward+backward and reads compiled memory of every registered attention kernel against its references.
 
     python scripts/bench_attention.py [--lengths 1024,2048,4096,8192,16384] [--batch 4 --heads 8 --head-dim 64]
-                                      [--kernels all] [--max-gib 16] [--out bench/attention] [--quick]
+                                      [--dtype float32] [--kernels all] [--max-gib 16] [--out bench/attention]
+                                      [--quick]
+    python scripts/bench_attention.py --dtype bfloat16 --lengths 1024,4096,16384,65536   # on a GPU: + cuDNN row
 
 Each case is one jitted ``grad`` of ``sum(attention(q, k, v) * dout)`` on random inputs: the kernel alone (from
 ``attn_lab.attention.KERNELS`` as registered *at run time*, with the benchmark options below), beside
-``jax.nn.dot_product_attention`` and a full ``flax.nnx.MultiHeadAttention`` layer (d_model = heads * head_dim, so it
-adds the four projections). Each case is compiled ahead of time; ``compiled.memory_analysis()`` gives its memory
+``jax.nn.dot_product_attention`` (XLA; "the reference"), cuDNN flash attention (the same call with
+``implementation='cudnn'``; measured whenever a tiny call compiles, i.e. on an NVIDIA GPU at bfloat16/float16, and
+omitted with one printed line otherwise) and a full ``flax.nnx.MultiHeadAttention`` layer (d_model = heads *
+head_dim, so it adds the four projections). ``dense`` is benchmarked with its default options (what a user gets),
+plus its 'xla' and 'chunked' implementations as separate rows. Inputs, and the kernels' compute, are ``--dtype``. Each case is compiled ahead of time; ``compiled.memory_analysis()`` gives its memory
 before anything is allocated, so cases over ``--max-gib`` are recorded as ``oom`` instead of run, and the T x T
 cases whose score matrices obviously cannot fit (estimate ``3 * B*N*T*T*4`` bytes) are skipped before compiling.
 Time is one warm-up run, then the median of a few more (fewer at long lengths, and none when the warm-up alone
@@ -14,9 +19,10 @@ exceeds ``--case-seconds``). To keep the full default run within ~15 minutes on 
 bounds the whole run: the reference and the targets' rows run first at each length, and a case whose time,
 extrapolated from its row at the previous length, would not fit in what is left is recorded as skipped.
 
-Writes ``<out>.csv`` (one row per kernel and length), ``<out>.md`` (time and memory ratios vs
-``jax.nn.dot_product_attention`` and one PASS/FAIL line per target) and ``<out>.png`` (log-log time and memory vs
-length).
+Writes ``<out>.csv`` (one row per kernel and length, with its ratios against both references; the cuDNN columns are
+empty without cuDNN), ``<out>.md`` (time and memory ratios vs XLA and vs cuDNN, one PASS/FAIL line per target; the
+cuDNN targets read "not measured (no cuDNN)" where it is absent) and ``<out>.png`` (log-log time and memory vs
+length). A GPU user would run cuDNN, not XLA: ratios against XLA alone flatter the efficient kernels there.
 """
 
 from __future__ import annotations
@@ -41,12 +47,13 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from attn_lab.attention import KERNELS, build_kernel  # noqa: E402
-from attn_lab.attention.registry import kernel_options  # noqa: E402
+from attn_lab.attention.registry import default_options, kernel_options  # noqa: E402
 
-REF = "jax.nn.dot_product_attention"
+REF = "jax.nn.dot_product_attention"  # XLA's implementation
+CUDNN = "jax.nn.dot_product_attention/cudnn"  # cuDNN flash attention (GPU, half precision)
 FLAX = "flax.nnx.MultiHeadAttention"
 LINEAR_KERNELS = ("local", "linformer", "performer", "linear")  # the targets' linear-complexity kernels
-QUADRATIC_MEMORY = {REF, FLAX, "dense/xla"}  # rows that form the [B, N, T, T] score matrix
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 MEMORY_NOTE = "compiled.memory_analysis(): temp_bytes=temp_size_in_bytes; total_bytes=temp+argument+output"
 
 
@@ -61,24 +68,45 @@ class Case:
     repeats: int = 0
     memory: dict[str, int] = field(default_factory=dict)
     status: str = "ok"
+    quadratic: bool = False  # forms the [B, N, T, T] score matrix: skipped up front when that cannot fit
+
+
+def dense_default() -> str:
+    """The ``dense`` kernel's default implementation ('xla' before the 'auto' dispatch exists, 'auto' after)."""
+    return str(default_options("dense").get("implementation", "xla"))
+
+
+def cudnn_status(dtype: Any) -> tuple[bool, str]:
+    """Whether cuDNN flash attention runs here at ``dtype``, and why not: a tiny fwd+bwd is compiled to find out,
+    since only that tells a GPU without a usable cuDNN apart from one with it."""
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return False, f"cuDNN flash attention takes bfloat16/float16 only, this run is {jnp.dtype(dtype).name}"
+    q = jnp.zeros((1, 256, 2, 64), dtype)  # (B, T, N, H)
+    try:
+        loss = lambda q, k, v: jnp.sum(jax.nn.dot_product_attention(q, k, v, implementation="cudnn"))
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, q, q).compile()
+    except Exception as err:  # noqa: BLE001 -- any failure means "no cuDNN row", with the reason printed
+        return False, f"{type(err).__name__}: {err}".splitlines()[0][:160].rstrip(".")
+    return True, f"cuDNN flash attention available on {jax.devices()[0].device_kind}"
 
 
 def bench_options(name: str, length: int) -> list[tuple[str, dict[str, Any]]]:
     """``(label, options)`` rows for one registered kernel at one length; options the kernel lacks are dropped."""
     if name == "dense":
         impls = getattr(KERNELS[name], "IMPLEMENTATIONS", ("xla",))
-        return [(f"dense/{impl}", {"implementation": impl}) for impl in ("xla", "chunked") if impl in impls]
+        rows = [("dense", {})] if dense_default() not in ("xla", "chunked") else []  # e.g. 'auto': what users get
+        return rows + [(f"dense/{impl}", {"implementation": impl}) for impl in ("xla", "chunked") if impl in impls]
     wanted = {"local": {"window": 256}, "linformer": {"k": 256, "max_len": max(4096, length)},
               "performer": {"num_features": 256}}.get(name, {})
     accepted = kernel_options(name)
     return [(name, {key: val for key, val in wanted.items() if key in accepted})]
 
 
-def kernel_loss(name: str, options: dict[str, Any], heads: int, head_dim: int
+def kernel_loss(name: str, options: dict[str, Any], heads: int, head_dim: int, dtype: Any = jnp.float32
                 ) -> tuple[Callable[..., jax.Array], tuple[Any, ...]]:
     """``loss(q, k, v, dout, params)`` for one registered kernel, and its (non-differentiated) extra state."""
     kernel = build_kernel({"name": name, **options}, num_heads=heads, num_kv_heads=heads, head_dim=head_dim,
-                          rngs=nnx.Rngs(0))
+                          rngs=nnx.Rngs(0), dtype=dtype)
     graphdef, params, rest = nnx.split(kernel, nnx.Param, ...)
 
     def loss(q, k, v, dout, params):
@@ -90,27 +118,30 @@ def kernel_loss(name: str, options: dict[str, Any], heads: int, head_dim: int
     return loss, (params,)
 
 
-def make_case_fn(case: Case, batch: int, heads: int, head_dim: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """The jitted fwd+bwd function of a case and its arguments (random inputs, fixed seeds)."""
+def make_case_fn(case: Case, batch: int, heads: int, head_dim: int, dtype: Any = jnp.float32
+                 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The jitted fwd+bwd function of a case and its arguments (random inputs of ``dtype``, fixed seeds)."""
     keys = jax.random.split(jax.random.key(0), 4)
     shape = (batch, case.length, heads, head_dim)  # (B, T, N, H)
     if case.kernel == FLAX:
         d_model = heads * head_dim
-        layer = nnx.MultiHeadAttention(heads, d_model, decode=False, rngs=nnx.Rngs(0))
+        layer = nnx.MultiHeadAttention(heads, d_model, decode=False, dtype=dtype, rngs=nnx.Rngs(0))
         graphdef, params = nnx.split(layer, nnx.Param)
-        x, dout = (jax.random.normal(k, (batch, case.length, d_model)) for k in keys[:2])  # (B, T, D)
+        x, dout = (jax.random.normal(k, (batch, case.length, d_model), dtype) for k in keys[:2])  # (B, T, D)
 
         def loss(x, dout, params):
             return jnp.sum(nnx.merge(graphdef, params)(x) * dout)
 
         return jax.jit(jax.grad(loss, argnums=(0, 2))), (x, dout, params)
-    q, k, v, dout = (jax.random.normal(key, shape) for key in keys)
-    if case.kernel == REF:
+    q, k, v, dout = (jax.random.normal(key, shape, dtype) for key in keys)
+    if case.kernel in (REF, CUDNN):
+        implementation = "cudnn" if case.kernel == CUDNN else None
+
         def ref_loss(q, k, v, dout):
-            return jnp.sum(jax.nn.dot_product_attention(q, k, v) * dout)
+            return jnp.sum(jax.nn.dot_product_attention(q, k, v, implementation=implementation) * dout)
 
         return jax.jit(jax.grad(ref_loss, argnums=(0, 1, 2))), (q, k, v, dout)
-    loss, extra = kernel_loss(case.kernel, case.options, heads, head_dim)
+    loss, extra = kernel_loss(case.kernel, case.options, heads, head_dim, dtype)
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 4))), (q, k, v, dout, *extra)
 
 
@@ -131,12 +162,12 @@ def short_error(err: BaseException) -> str:
 def run_case(case: Case, args: argparse.Namespace, budget: float) -> None:
     """Compiles, checks memory against the budget, then times; fills ``case`` in place, never raises."""
     b, n, t = args.batch, args.heads, case.length
-    score_bytes = 3 * b * n * t * t * 4
-    if case.label in QUADRATIC_MEMORY and score_bytes > budget:
+    score_bytes = 3 * b * n * t * t * 4  # softmax statistics are float32 at any input dtype
+    if case.quadratic and score_bytes > budget:
         case.status = f"skipped: T x T estimate {score_bytes / 2**30:.1f} GiB > budget {budget / 2**30:.1f} GiB"
         return
     try:
-        fn, inputs = make_case_fn(case, b, n, args.head_dim)
+        fn, inputs = make_case_fn(case, b, n, args.head_dim, DTYPES[args.dtype])
         compiled = fn.lower(*inputs).compile()
         case.memory = memory_of(compiled)
         if case.memory.get("total", 0) > budget:
@@ -145,7 +176,7 @@ def run_case(case: Case, args: argparse.Namespace, budget: float) -> None:
         start = time.perf_counter()
         jax.block_until_ready(compiled(*inputs))  # warm-up
         warm = time.perf_counter() - start
-        repeats = args.repeats if t <= 2048 else max(1, args.repeats // 2) if t <= 4096 else 1
+        repeats = repeat_count(args.repeats, t, warm)
         repeats = min(repeats, int(args.case_seconds // max(warm, 1e-9)))
         times = []
         for _ in range(repeats):
@@ -161,8 +192,20 @@ def run_case(case: Case, args: argparse.Namespace, budget: float) -> None:
         gc.collect()
 
 
+def repeat_count(repeats: int, length: int, warm: float) -> int:
+    """Timed runs after the warm-up: all of ``--repeats`` for fast cases (GPU timings of milliseconds need them to
+    compare within 10%), fewer at long lengths when one run already takes seconds (2 CPU cores)."""
+    if warm < 1.0:
+        return repeats
+    return repeats if length <= 2048 else max(1, repeats // 2) if length <= 4096 else 1
+
+
 def available_bytes() -> float:
-    """MemAvailable from /proc/meminfo (inf where unknown): the budget never exceeds what the machine has."""
+    """What one case may use: 90% of the accelerator's memory on a GPU/TPU, else MemAvailable from /proc/meminfo
+    (inf where unknown), so the budget never exceeds what the device has."""
+    stats = jax.local_devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        return 0.9 * stats["bytes_limit"]
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -174,22 +217,30 @@ def available_bytes() -> float:
 
 def priority(label: str) -> int:
     """Run order within a length: the reference and the targets' rows first, so a time budget cuts the rest."""
-    order = [REF, "dense/chunked", *LINEAR_KERNELS, FLAX, "dense/xla"]
+    order = [REF, CUDNN, "dense", "dense/chunked", *LINEAR_KERNELS, FLAX, "dense/xla"]
     return order.index(label) if label in order else len(order)
 
 
-def plan(args: argparse.Namespace) -> list[Case]:
-    """Every (row, length) case: the references and each registered kernel (optionally filtered), by length."""
+def plan(args: argparse.Namespace, cudnn: bool = False) -> list[Case]:
+    """Every (row, length) case: the references (cuDNN when available) and each registered kernel (optionally
+    filtered), by length."""
     wanted = None if args.kernels == "all" else set(args.kernels.split(","))
     cases = []
     for length in args.lengths:
-        rows = [Case(REF, REF, {}, length), Case(FLAX, FLAX, {"d_model": args.heads * args.head_dim}, length)]
+        rows = [Case(REF, REF, {}, length, quadratic=True),
+                Case(FLAX, FLAX, {"d_model": args.heads * args.head_dim}, length, quadratic=True)]
+        rows += [Case(CUDNN, CUDNN, {}, length)] if cudnn else []
         for name in sorted(KERNELS):
             for label, options in bench_options(name, length):
                 if wanted is None or name in wanted or label in wanted:
-                    rows.append(Case(label, name, options, length))
+                    rows.append(Case(label, name, options, length, quadratic=forms_scores(label, cudnn)))
         cases += sorted(rows, key=lambda c: priority(c.label))
     return cases
+
+
+def forms_scores(label: str, cudnn: bool) -> bool:
+    """Rows that form the T x T matrix: dense via XLA, and dense with its default options unless cuDNN serves it."""
+    return label == "dense/xla" or (label == "dense" and not cudnn)
 
 
 def predicted_seconds(case: Case, done: list[Case], args: argparse.Namespace) -> float:
@@ -208,18 +259,25 @@ def predicted_seconds(case: Case, done: list[Case], args: argparse.Namespace) ->
 
 # --- reports -----------------------------------------------------------------------------------------------------
 
+RATIO_COLUMNS = ("speedup_vs_xla", "memory_vs_xla", "speedup_vs_cudnn", "memory_vs_cudnn")
+
+
 def write_csv(cases: list[Case], args: argparse.Namespace, path: Path) -> None:
+    """One row per case; the ratio columns are reference / case (higher is better), empty where either is missing
+    (the cuDNN ones on every row of a run without cuDNN), so a table reader needs no reference rows."""
+    idx = index(cases)
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["kernel", "label", "options", "length", "batch", "heads", "head_dim", "fwd_bwd_seconds",
+        w.writerow(["kernel", "label", "options", "length", "batch", "heads", "head_dim", "dtype", "fwd_bwd_seconds",
                     "repeats", "temp_bytes", "argument_bytes", "output_bytes", "total_bytes", "memory_source",
-                    "status"])
+                    "status", *RATIO_COLUMNS])
         for c in cases:
             m = c.memory
+            both = [*ratios(c, idx.get((REF, c.length))), *ratios(c, idx.get((CUDNN, c.length)))]
             w.writerow([c.kernel, c.label, json.dumps(c.options, sort_keys=True), c.length, args.batch, args.heads,
-                        args.head_dim, "" if c.seconds is None else f"{c.seconds:.6f}", c.repeats,
+                        args.head_dim, args.dtype, "" if c.seconds is None else f"{c.seconds:.6f}", c.repeats,
                         m.get("temp", ""), m.get("argument", ""), m.get("output", ""), m.get("total", ""),
-                        MEMORY_NOTE, c.status])
+                        MEMORY_NOTE, c.status, *("" if r is None else f"{r:.4g}" for r in both)])
 
 
 def index(cases: list[Case]) -> dict[tuple[str, int], Case]:
@@ -239,7 +297,31 @@ def ratios(c: Case | None, ref: Case | None) -> tuple[float | None, float | None
     return speed, mem
 
 
-def targets(cases: list[Case]) -> list[str]:
+def cudnn_targets(cases: list[Case], cudnn_note: str) -> list[str]:
+    """The GPU targets against cuDNN flash attention: exact dense (default options) within 1.1x of its time and
+    memory at 4K and 16K; local (w=256) at least 5x faster than it at 16K. "not measured" without cuDNN."""
+    idx, labels = index(cases), {c.label for c in cases}
+    dense = "dense" if "dense" in labels else "dense/xla"
+    wanted = [(dense, t, f"{dense} within 1.1x of cuDNN's time and memory at {t}") for t in (4096, 16384)]
+    wanted.append(("local", 16384, "local (w=256) >= 5x faster than cuDNN full attention at 16384"))
+    lines = []
+    for label, length, what in wanted:
+        c, ref = idx.get((label, length)), idx.get((CUDNN, length))
+        if CUDNN not in labels:
+            lines.append(f"SKIP {what}: not measured (no cuDNN: {cudnn_note})")
+        elif label not in labels or c is None or ref is None:
+            lines.append(f"SKIP {what}: not measured ({label} or {length} not in this run)")
+        else:
+            speed, mem = ratios(c, ref)
+            ok = speed is not None and (speed >= 5 if label == "local" else
+                                        speed >= 1 / 1.1 and mem is not None and mem >= 1 / 1.1)
+            lines.append(f"{'PASS' if ok else 'FAIL'} {what}: cuDNN time / time {fmt(speed, 2)}x, "
+                         f"cuDNN memory / memory {fmt(mem, 2)}x"
+                         + ("" if ran(c) and ran(ref) else f" [{c.status} / cuDNN {ref.status}]"))
+    return lines
+
+
+def targets(cases: list[Case], cudnn_note: str = "") -> list[str]:
     """One PASS/FAIL/SKIP line per target (ratios from this run)."""
     idx, lines = index(cases), []
     labels = {c.label for c in cases}
@@ -280,43 +362,61 @@ def targets(cases: list[Case]) -> list[str]:
         else:
             lines.append(f"{'PASS' if ran(c) else 'FAIL'} {what}: {c.status}"
                          + (f", {c.seconds:.3f} s" if ran(c) else ""))
-    return lines
+    return lines + cudnn_targets(cases, cudnn_note)
 
 
 def fmt(x: float | None, digits: int = 1) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def write_md(cases: list[Case], args: argparse.Namespace, path: Path, budget: float) -> list[str]:
+def fmt_ratio(r: float | None) -> str:
+    """Two decimals, or two significant digits below 0.1 (XLA's memory vs cuDNN's is ~0.002x at 16K)."""
+    return "n/a" if r is None else f"{r:.2f}" if r >= 0.1 else f"{r:.2g}"
+
+
+def fmt_seconds(seconds: float) -> str:
+    """Milliseconds below one second, so GPU times stay readable beside CPU ones."""
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def write_md(cases: list[Case], args: argparse.Namespace, path: Path, budget: float,
+             cudnn_note: str = "") -> list[str]:
     idx = index(cases)
     labels = list(dict.fromkeys(c.label for c in cases))
     head = "| kernel | options | " + " | ".join(str(t) for t in args.lengths) + " |"
     rule = "|---|---|" + "---|" * len(args.lengths)
     opts = {c.label: json.dumps(c.options, sort_keys=True) for c in cases}
+    has_cudnn = CUDNN in labels
 
     def cell(label, t, kind):
-        c, ref = idx.get((label, t)), idx.get((REF, t))
+        c = idx.get((label, t))
         if not ran(c):
             return c.status.split(":")[0] if c else ""
-        speed, mem = ratios(c, ref)
+        pick = 0 if kind == "time" else 1
+        rs = [ratios(c, idx.get((r, t)))[pick] for r in ((REF, CUDNN) if has_cudnn else (REF,))]
+        shown = " / ".join(f"{fmt_ratio(r)}x" for r in rs)
         if kind == "time":
-            return f"{c.seconds:.3g} s ({fmt(speed, 2)}x)"
-        return f"{c.memory.get('temp', 0) / 2**20:.3g} MiB ({fmt(mem, 2)}x)"
+            return f"{fmt_seconds(c.seconds)} ({shown})"
+        return f"{c.memory.get('temp', 0) / 2**20:.3g} MiB ({shown})"
 
+    vs = "vs XLA / vs cuDNN" if has_cudnn else "vs XLA"
+    cudnn_line = (f"cuDNN row: `{CUDNN}` = `jax.nn.dot_product_attention(..., implementation='cudnn')`; each cell's "
+                  f"ratios are vs XLA / vs cuDNN." if has_cudnn else f"No cuDNN row ({cudnn_note}).")
     lines = ["# Attention fwd+bwd benchmark", "",
-             f"batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, float32, "
-             f"backend {jax.default_backend()} ({os.cpu_count()} CPUs visible), memory budget "
-             f"{budget / 2**30:.1f} GiB. Ratios are vs `{REF}` at the same length (speedup = ref time / time; "
-             f"memory = ref temp / temp); n/a where the reference did not run. Memory is XLA's "
-             f"`temp_size_in_bytes` (working set beyond arguments and outputs; see the CSV for the others).", "",
-             "## Time (median seconds, speedup vs reference)", "", head, rule]
+             f"batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, {args.dtype}, "
+             f"backend {jax.default_backend()} ({jax.devices()[0].device_kind}; {os.cpu_count()} CPUs visible), "
+             f"memory budget {budget / 2**30:.1f} GiB. Ratios are vs `{REF}` (XLA) at the same length (speedup = "
+             f"ref time / time; memory = ref temp / temp); n/a where the reference did not run. {cudnn_line} "
+             f"Memory is XLA's `temp_size_in_bytes` (working set beyond arguments and outputs; see the CSV for the "
+             f"others).", "",
+             f"## Time (median, speedup {vs})", "", head, rule]
     lines += [f"| {lb} | `{opts[lb]}` | " + " | ".join(cell(lb, t, "time") for t in args.lengths) + " |"
               for lb in labels]
-    lines += ["", "## Memory (compiled temp MiB, reduction vs reference)", "", head, rule]
+    lines += ["", f"## Memory (compiled temp MiB, reduction {vs})", "", head, rule]
     lines += [f"| {lb} | `{opts[lb]}` | " + " | ".join(cell(lb, t, "mem") for t in args.lengths) + " |"
               for lb in labels]
     notes = [f"- {c.label} @ {c.length}: {c.status}" for c in cases if c.status != "ok"]
-    result = targets(cases)
+    result = targets(cases, cudnn_note)
     lines += ["", "## Targets", ""] + [f"- {t}" for t in result]
     lines += (["", "## Not run / notes", ""] + notes) if notes else []
     path.write_text("\n".join(lines) + "\n")
@@ -333,7 +433,7 @@ def write_png(cases: list[Case], path: Path) -> None:
         rows = [c for c in cases if c.label == label and ran(c)]
         if not rows:
             continue
-        style = dict(linestyle="--" if label in (REF, FLAX) else "-", marker="os^vD"[i % 5],
+        style = dict(linestyle="--" if label in (REF, CUDNN, FLAX) else "-", marker="os^vD"[i % 5],
                      color=plt.cm.tab20(i % 20), label=label)  # 12+ lines: distinct colour and marker each
         xs = [c.length for c in rows]
         ax_t.plot(xs, [c.seconds for c in rows], **style)
@@ -352,14 +452,17 @@ def write_png(cases: list[Case], path: Path) -> None:
     plt.close(fig)
 
 
-def read_csv(path: Path) -> list[Case]:
-    """Cases back from a CSV this script wrote (to redraw the plot or table without rerunning)."""
+def read_csv(path: Path) -> tuple[list[Case], str | None]:
+    """Cases back from a CSV this script wrote (to redraw the plot or table without rerunning), and its dtype
+    (None for CSVs from before ``--dtype``)."""
     with open(path) as f:
-        return [Case(label=r["label"], kernel=r["kernel"], options=json.loads(r["options"]), length=int(r["length"]),
-                     seconds=float(r["fwd_bwd_seconds"]) if r["fwd_bwd_seconds"] else None,
-                     repeats=int(r["repeats"] or 0), status=r["status"],
-                     memory={k: int(r[f"{k}_bytes"]) for k in ("temp", "argument", "output", "total")
-                             if r.get(f"{k}_bytes")}) for r in csv.DictReader(f)]
+        rows = list(csv.DictReader(f))
+    cases = [Case(label=r["label"], kernel=r["kernel"], options=json.loads(r["options"]), length=int(r["length"]),
+                  seconds=float(r["fwd_bwd_seconds"]) if r["fwd_bwd_seconds"] else None,
+                  repeats=int(r["repeats"] or 0), status=r["status"],
+                  memory={k: int(r[f"{k}_bytes"]) for k in ("temp", "argument", "output", "total")
+                          if r.get(f"{k}_bytes")}) for r in rows]
+    return cases, next((r["dtype"] for r in rows if r.get("dtype")), None)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -368,8 +471,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", default="float32", choices=tuple(DTYPES),
+                   help="inputs and kernel compute; cuDNN flash attention needs bfloat16 or float16")
     p.add_argument("--kernels", default="all", help="'all' or comma-separated names/labels (e.g. dense/chunked)")
-    p.add_argument("--max-gib", type=float, default=16.0, help="memory budget per case (also capped by free RAM)")
+    p.add_argument("--max-gib", type=float, default=16.0,
+                   help="memory budget per case (also capped by free RAM, or by the accelerator's memory)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs after the warm-up (halved at 4096, 1 above)")
     p.add_argument("--case-seconds", type=float, default=45.0,
                    help="no more timed repeats than fit in this many seconds (warm-up time used if none fit)")
@@ -392,13 +498,17 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.replot:
-        cases = read_csv(out.with_suffix(".csv"))
-        print("\n".join(write_md(cases, args, out.with_suffix(".md"), budget)))
+        cases, dtype = read_csv(out.with_suffix(".csv"))
+        args.dtype = dtype or args.dtype
+        note = "" if any(c.label == CUDNN for c in cases) else "not in this CSV"
+        print("\n".join(write_md(cases, args, out.with_suffix(".md"), budget, note)))
         write_png(cases, out.with_suffix(".png"))
         return
-    cases = plan(args)
-    print(f"{len(cases)} cases; kernels registered: {', '.join(sorted(KERNELS))}; "
-          f"budget {budget / 2**30:.1f} GiB", flush=True)
+    cudnn, cudnn_note = cudnn_status(DTYPES[args.dtype])
+    print(f"cuDNN row: {'yes' if cudnn else 'omitted'} ({cudnn_note})", flush=True)
+    cases = plan(args, cudnn)
+    print(f"{len(cases)} cases; kernels registered: {', '.join(sorted(KERNELS))}; dense default implementation "
+          f"'{dense_default()}'; {args.dtype}; budget {budget / 2**30:.1f} GiB", flush=True)
     start = time.perf_counter()
     for i, case in enumerate(cases):
         left = args.time_budget - (time.perf_counter() - start)
@@ -412,7 +522,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{fmt(case.seconds, 4):>9s} s  temp {fmt(mem and mem / 2**20, 1):>9s} MiB  {case.status}",
               flush=True)
     write_csv(cases, args, out.with_suffix(".csv"))
-    result = write_md(cases, args, out.with_suffix(".md"), budget)
+    result = write_md(cases, args, out.with_suffix(".md"), budget, cudnn_note)
     write_png(cases, out.with_suffix(".png"))
     print("\n".join(result))
     print(f"wrote {out}.csv, {out}.md, {out}.png in {time.perf_counter() - start:.0f}s")
