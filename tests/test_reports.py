@@ -70,6 +70,23 @@ def test_variants_table_joins_benchmark_ratios_and_lra(tmp_path):
     md = table.markdown()
     assert "| local | 61.0 ± 1.0 (3) | 0.50x | 4.00x | – | – | 15.82 | 1.1x / 5.3x |" in md
     assert "| dense |" in md and "36.37" in md
+    assert "cuDNN" not in md  # a CPU benchmark (or one from before the cuDNN row) adds no column
+
+
+def test_variants_table_shows_cudnn_ratios_when_the_benchmark_has_them(tmp_path):
+    variants = {"dense": {"model.attention.name": "dense"}, "local": {"model.attention.name": "local"}}
+    row = lambda label, seconds, temp, speed, mem: {
+        "label": label, "length": "4096", "fwd_bwd_seconds": seconds, "temp_bytes": temp, "speedup_vs_cudnn": speed,
+        "memory_vs_cudnn": mem}
+    bench = [row("jax.nn.dot_product_attention", "4.0", "400", "0.25", "0.01"),
+             row("jax.nn.dot_product_attention/cudnn", "1.0", "4", "1", "1"),
+             row("dense/xla", "4.0", "400", "0.25", "0.01"), row("dense", "1.0", "4", "1", "1"),
+             row("local", "1.25", "8", "0.8", "0.5")]
+    (table,) = reports.variants(_rows(variants, "test_accuracy"), str(tmp_path), _exp(variants), str(tmp_path), bench)
+    md = table.markdown()
+    assert "| speed / memory vs cuDNN 4K |" in md and "implementation='cudnn' = 1" in md
+    assert "| dense | 51.0 ± 1.0 (3) | 1.00x | – | 4.00x | 100.00x | 1.00x / 1.00x | 36.37 |" in md  # default 'dense'
+    assert "| local | 61.0 ± 1.0 (3) | 0.50x | – | 3.20x | 50.00x | 0.80x / 0.50x | 15.82 |" in md
 
 
 def test_pruning_report_reads_curves_structural_and_gates(tmp_path):

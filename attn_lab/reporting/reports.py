@@ -182,26 +182,46 @@ def _bench_ratio(bench: list[dict], label: str, length: int, field: str) -> floa
     return None if ref is None or mine is None else float(ref[field]) / float(mine[field])
 
 
+def _bench_column(bench: list[dict], label: str, length: int, field: str) -> float | None:
+    """A ratio column the benchmark wrote itself (e.g. ``speedup_vs_cudnn``) at ``length``; None where empty."""
+    row = next((r for r in bench if r["label"] == label and int(r["length"]) == length and r.get(field)), None)
+    return None if row is None else float(row[field])
+
+
+def _dense_label(bench: list[dict]) -> str:
+    """The benchmark row of the sweep's ``dense`` variant: ``dense`` with its default options (what training
+    ran) when the CSV has it, else ``dense/xla`` (CSVs from before dense's 'auto' default)."""
+    return "dense" if any(r["label"] == "dense" for r in bench) else "dense/xla"
+
+
 def variants(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
-    """LRA-style: ListOps accuracy per kernel, train speed vs dense in the same sweep, benchmark ratios, LRA's."""
-    groups = _by_variant(rows)
+    """LRA-style: ListOps accuracy per kernel, train speed vs dense in the same sweep, benchmark ratios, LRA's; the
+    ratios vs cuDNN flash attention too when the benchmark measured it (on a GPU that is what dense competes with)."""
+    groups, bench = _by_variant(rows), bench or []
     dense_sps = np.mean(column(groups.get("dense", []), "steps_per_sec") or [float("nan")])
+    cudnn = any(r.get("speedup_vs_cudnn") for r in bench)
+    fmt = lambda v: "–" if v is None else f"{v:.2f}x"
     body = []
     for variant, g in groups.items():
-        label = "dense/xla" if variant == "dense" else variant
-        fmt = lambda v: "–" if v is None else f"{v:.2f}x"
+        label = _dense_label(bench) if variant == "dense" else variant
         speed = pub.LRA_SPEED.get(variant)
+        vs_cudnn = [f"{fmt(_bench_column(bench, label, 4096, 'speedup_vs_cudnn'))} / "
+                    f"{fmt(_bench_column(bench, label, 4096, 'memory_vs_cudnn'))}"] if cudnn else []
         body.append([variant, mean_std([100 * a for a in column(g, "test_accuracy")], 1),
                      f"{np.mean(column(g, 'steps_per_sec')) / dense_sps:.2f}x",
-                     fmt(_bench_ratio(bench or [], label, 1024, "fwd_bwd_seconds")),
-                     fmt(_bench_ratio(bench or [], label, 4096, "fwd_bwd_seconds")),
-                     fmt(_bench_ratio(bench or [], label, 4096, "temp_bytes")),
+                     fmt(_bench_ratio(bench, label, 1024, "fwd_bwd_seconds")),
+                     fmt(_bench_ratio(bench, label, 4096, "fwd_bwd_seconds")),
+                     fmt(_bench_ratio(bench, label, 4096, "temp_bytes")), *vs_cudnn,
                      pub.LRA_LISTOPS.get(variant, "–"), "–" if speed is None else f"{speed[0]}x / {speed[1]}x"])
     header = ["kernel", "ListOps accuracy %", "train steps/s vs dense", "fwd+bwd speed 1K", "fwd+bwd speed 4K",
-              "memory 4K", "LRA ListOps %", "LRA speed 1K / 4K"]
+              "memory 4K", *(["speed / memory vs cuDNN 4K"] if cudnn else []), "LRA ListOps %", "LRA speed 1K / 4K"]
+    note = ("Speed and memory ratios: scripts/bench_attention.py (jax.nn.dot_product_attention = 1; '–' when "
+            "its CSV is absent). ")
+    if cudnn:
+        note += ("vs cuDNN: the same ratios against cuDNN flash attention (jax.nn.dot_product_attention with "
+                 "implementation='cudnn' = 1), from the benchmark's own columns. ")
     return [Table("Efficient attention (ListOps)", header, body,
-                  "Speed and memory ratios: scripts/bench_attention.py (jax.nn.dot_product_attention = 1; '–' when "
-                  "its CSV is absent). LRA: Tay et al. 2020 (TPU v3, byte-level text for speed).")]
+                  note + "LRA: Tay et al. 2020 (TPU v3, byte-level text for speed).")]
 
 
 REPORTS = {"head_count": head_count, "pruning": pruning, "diversity": diversity, "variants": variants}
