@@ -1,9 +1,10 @@
 """Exact softmax attention (Vaswani et al. 2017, "Attention Is All You Need").
 
-Two paths with the same result: when nobody needs the attention matrix (no capture, no dropout) it calls
-``jax.nn.dot_product_attention`` -- the same call ``flax.nnx.MultiHeadAttention`` makes, so outputs match flax
-bit for bit; otherwise it materializes the ``[batch, heads, q_len, kv_len]`` softmax so weights can be captured
-and dropped out. The helpers here are shared by other kernels that need to show the matrix they imply.
+Paths with the same result: when nobody needs the attention matrix (no capture, no dropout) it calls
+``jax.nn.dot_product_attention`` -- cuDNN flash attention where it applies (``implementation='auto'``, see
+:mod:`attn_lab.attention.dispatch`), else XLA: the call ``flax.nnx.MultiHeadAttention`` makes, so XLA outputs
+match flax bit for bit; otherwise it materializes the ``[batch, heads, q_len, kv_len]`` softmax so weights can be
+captured and dropped out. The helpers here are shared by other kernels that need to show the matrix they imply.
 
 ``implementation='chunked'`` computes the same softmax in O(length) memory, after Rabe & Staats 2021,
 "Self-attention Does Not Need O(n^2) Memory" (arXiv:2112.05682): queries in blocks, an online softmax over key
@@ -18,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from attn_lab.attention.dispatch import call_facts, check_cudnn_option, choose, cudnn_attention, cudnn_refusal
 from attn_lab.attention.registry import AttentionKernel, key_padding, register
 
 # Masked logits get this instead of -inf (as flax and ``attention_weights`` do): a query that sees no key then gets
@@ -135,39 +137,67 @@ def chunked_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, key
     return out[:, :t].astype(query.dtype)
 
 
+def xla_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array | None,
+                  is_causal: bool) -> jax.Array:
+    """XLA's attention: the call ``flax.nnx.MultiHeadAttention`` makes, so outputs match flax bit for bit."""
+    mask = None if mask is None else jnp.asarray(mask, bool)
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=is_causal)
+
+
 @register("dense")
 class DenseAttention(AttentionKernel):
     """Exact softmax attention.
 
     Options:
-      implementation: 'xla' (default; ``jax.nn.dot_product_attention``, the matrix is formed only when asked for)
-        or 'chunked' (:func:`chunked_attention`, O(length) memory in forward and backward; takes only key-padding
-        masks). Both fall back to the explicit ``[B, N, T, S]`` softmax when weights are captured or attention
+      implementation: where the softmax is computed when nobody needs the matrix (no capture, no dropout):
+        'auto' (default): cuDNN flash attention where it computes this call exactly (CUDA GPU, bf16/fp16,
+          head_dim a multiple of 8 up to 128/256, no mask, causal, or key padding without causal; see
+          :mod:`attn_lab.attention.dispatch`), XLA elsewhere -- on a CPU always XLA, bit for bit;
+        'xla': ``jax.nn.dot_product_attention`` (the ``[B, N, T, S]`` matrix is formed inside XLA);
+        'cudnn': cuDNN flash attention or a one-line ValueError (when built on a backend without it, and at the
+          call for a dtype or mask it cannot take) -- never a silent fallback;
+        'chunked': :func:`chunked_attention`, O(length) memory in forward and backward; key-padding masks only.
+        Every implementation takes the explicit ``[B, N, T, S]`` softmax when weights are captured or attention
         dropout is on, since those need the matrix anyway.
       chunk_size: query and key block size of the chunked path (default 512).
     """
 
-    IMPLEMENTATIONS = ("xla", "chunked")
+    IMPLEMENTATIONS = ("auto", "xla", "cudnn", "chunked")
 
-    def __init__(self, *, implementation: str = "xla", chunk_size: int = 512, **shared: Any):
+    def __init__(self, *, implementation: str = "auto", chunk_size: int = 512, **shared: Any):
         super().__init__(**shared)
         if implementation not in self.IMPLEMENTATIONS:
             raise ValueError(f"attention.implementation must be one of {self.IMPLEMENTATIONS}, "
                              f"got '{implementation}'")
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"attention.chunk_size must be a positive integer, got {chunk_size!r}")
+        check_cudnn_option(implementation, head_dim=self.head_dim, dtype=shared.get("dtype"),
+                           allowed=self.IMPLEMENTATIONS, fallback="xla")
         self.implementation, self.chunk_size = implementation, chunk_size
+
+    def dispatch(self, *, backend: str, dtype: Any, mask: str, is_causal: bool, needs_matrix: bool = False,
+                 q_len: int | None = None, kv_len: int | None = None, max_head_dim: int = 128) -> str:
+        """The path a call with these static facts takes: 'cudnn', 'xla', 'chunked' or 'explicit' (raises the
+        call's ValueError for an explicit 'cudnn' that cannot run). Used by the call and by the dispatch log line."""
+        refusal = cudnn_refusal(backend, dtype, self.head_dim, mask, is_causal=is_causal, q_len=q_len,
+                                kv_len=kv_len, max_head_dim=max_head_dim)
+        return choose(self.implementation, fallback="xla", needs_matrix=needs_matrix, refusal=refusal,
+                      allowed=self.IMPLEMENTATIONS)
 
     def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
                  deterministic, precision, need_weights):
         dropping = dropout_rate > 0.0 and not deterministic
-        if not (need_weights or dropping) and self.implementation == "chunked":
-            out = chunked_attention(query, key, value, key_valid=key_padding(mask, self.name), is_causal=is_causal,
-                                    chunk_size=self.chunk_size, precision=precision)
-            return out, None
-        if not (need_weights or dropping):
-            mask = None if mask is None else jnp.asarray(mask, bool)
-            return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=is_causal), None
-        weights = attention_weights(query, key, mask=mask, is_causal=is_causal, precision=precision)
-        probs = attention_dropout(weights, dropout_rng, dropout_rate, broadcast_dropout) if dropping else weights
-        return apply_weights(probs, value, precision), weights
+        path = self.dispatch(**call_facts(query, key, mask, is_causal), needs_matrix=need_weights or dropping)
+        if path == "explicit":
+            weights = attention_weights(query, key, mask=mask, is_causal=is_causal, precision=precision)
+            probs = attention_dropout(weights, dropout_rng, dropout_rate, broadcast_dropout) if dropping else weights
+            return apply_weights(probs, value, precision), weights
+        paths = {
+            "xla": lambda: xla_attention(query, key, value, mask=mask, is_causal=is_causal),
+            "cudnn": lambda: cudnn_attention(query, key, value, key_valid=key_padding(mask, self.name),
+                                             is_causal=is_causal),
+            "chunked": lambda: chunked_attention(query, key, value, key_valid=key_padding(mask, self.name),
+                                                 is_causal=is_causal, chunk_size=self.chunk_size,
+                                                 precision=precision),
+        }
+        return paths[path](), None
