@@ -8,7 +8,8 @@ sequence is split into blocks of half a reach (``w / 4`` two-sided, ``w / 2`` ca
 own block of keys plus the 2 blocks on each side that its reach touches: about ``1.25 w`` keys per query two-sided
 and ``1.5 w`` causal (whole-window blocks would gather ``1.5 w`` and ``2 w``); a mask then cuts that down to the
 exact band. No ``[T, T]`` matrix is formed, except
-when the attention matrix is asked for (``need_weights``, meant for analysis at small T).
+when the attention matrix is asked for (``need_weights``, meant for analysis at small T). On a CUDA GPU, causal
+windows go to cuDNN's sliding-window flash attention instead (``implementation='auto'``; see the kernel class).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from attn_lab.attention.dense import NEG, apply_weights, group_heads
+from attn_lab.attention.dispatch import call_facts, check_cudnn_option, choose, cudnn_attention, cudnn_refusal
 from attn_lab.attention.registry import AttentionKernel, key_padding, register
 
 
@@ -124,6 +126,13 @@ class LocalAttention(AttentionKernel):
       window: the span w a query sees (default 128; Longformer's w). Two-sided: ``|i - j| <= w // 2``; causal:
         ``i - w < j <= i``. ``w >= 2 T`` (causal: ``w >= T``) gives dense attention (a causal query with every
         visible key padded averages keys j <= i, where dense averages all keys).
+      implementation: 'auto' (default): cuDNN's sliding window where it computes the band exactly -- causal
+        windows without a mask on a CUDA GPU in bf16/fp16 (cuDNN's window is left-only, and key padding under a
+        window is exact only for a padding suffix, which a traced mask cannot show; see
+        :mod:`attn_lab.attention.dispatch`) -- the blockwise kernel elsewhere; 'blockwise': always
+        :func:`local_attention`; 'cudnn': cuDNN or a one-line ValueError, never a silent fallback.
+        The band maps to ``jax.nn.dot_product_attention``'s ``local_window_size`` as :func:`reach` says:
+        causal ``(w - 1, 0)`` with ``is_causal`` (cuDNN's ``sliding_window_length = w``).
 
     Self-attention only (query i and key i are the same position), key-padding masks only, no KV-cache decoding
     and no attention dropout. ``need_weights`` returns the dense band matrix and the output computed from it, so
@@ -133,19 +142,38 @@ class LocalAttention(AttentionKernel):
     supports_cross = False
     supports_decode = False
     supports_dropout = False
+    IMPLEMENTATIONS = ("auto", "blockwise", "cudnn")
 
-    def __init__(self, *, window: int = 128, **shared: Any):
+    def __init__(self, *, window: int = 128, implementation: str = "auto", **shared: Any):
         super().__init__(**shared)
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"attention.window must be a positive integer, got {window!r}")
-        self.window = window
+        if implementation not in self.IMPLEMENTATIONS:
+            raise ValueError(f"attention.implementation must be one of {self.IMPLEMENTATIONS}, "
+                             f"got '{implementation}'")
+        check_cudnn_option(implementation, head_dim=self.head_dim, dtype=shared.get("dtype"),
+                           allowed=self.IMPLEMENTATIONS, fallback="blockwise")
+        self.window, self.implementation = window, implementation
+
+    def dispatch(self, *, backend: str, dtype: Any, mask: str, is_causal: bool, needs_matrix: bool = False,
+                 q_len: int | None = None, kv_len: int | None = None, max_head_dim: int = 128) -> str:
+        """The path a call with these static facts takes: 'cudnn', 'blockwise' or 'explicit' (the band matrix);
+        raises the call's ValueError for an explicit 'cudnn' that cannot run."""
+        refusal = cudnn_refusal(backend, dtype, self.head_dim, mask, is_causal=is_causal,
+                                window=reach(self.window, is_causal), q_len=q_len, kv_len=kv_len,
+                                max_head_dim=max_head_dim)
+        return choose(self.implementation, fallback="blockwise", needs_matrix=needs_matrix, refusal=refusal,
+                      allowed=self.IMPLEMENTATIONS)
 
     def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
                  deterministic, precision, need_weights):
         self.check_call(query, key, dropout_rate, deterministic)
-        opts = dict(window=self.window, is_causal=is_causal, key_valid=key_padding(mask, self.name),
-                    precision=precision)
-        if need_weights:
+        key_valid = key_padding(mask, self.name)
+        path = self.dispatch(**call_facts(query, key, mask, is_causal), needs_matrix=need_weights)
+        opts = dict(window=self.window, is_causal=is_causal, key_valid=key_valid, precision=precision)
+        if path == "explicit":
             weights = band_weights(query, key, **opts)  # (B, N, T, T)
             return apply_weights(weights, value, precision), weights
+        if path == "cudnn":  # no mask here: cudnn_refusal lets only unmasked causal windows through
+            return cudnn_attention(query, key, value, is_causal=is_causal, window=reach(self.window, is_causal)), None
         return local_attention(query, key, value, **opts), None
