@@ -16,8 +16,8 @@
 # The benchmarks run before the tests so that a slow suite cannot cost the measurements.
 #
 # Sizes follow the backend: 'full' on a GPU/TPU (attention at 1K/4K/16K/64K, the sizes above, the whole test
-# files; meant to finish in under 8 minutes on one H200), 'cpu' on a CPU (lengths 256/512, tiny models, a few
-# hundred numbers steps, a test subset: ~3-4 minutes on 2 cores) and 'tiny' on request (the smoke test's).
+# files; meant to finish in under 8 minutes on one H200), 'cpu' on a CPU (lengths 256/512, tiny models, 20 numbers
+# steps at batch 16, three tests: ~4 minutes on 2 free cores) and 'tiny' on request (the smoke test's).
 # Environment: DEVICE_CHECK_SIZE=full|cpu|tiny overrides the choice; DEVICE_CHECK_STEPS=attention,loop,... runs only
 # those steps and keeps the other steps' earlier results in OUTDIR's report (so a check can be split over several
 # calls); DEVICE_CHECK_PYTEST_ARGS replaces the test step's pytest arguments; DEVICE_CHECK_ATTENTION_ARGS is appended
@@ -92,23 +92,23 @@ case "$SIZE" in
     ;;
   cpu)
     ATTN_ENV=()
-    ATTN=(--lengths 256,512 --batch 1 --kernels dense,local,linformer,performer,linear --repeats 2 --time-budget 90)
-    TRAIN_DEFAULT=(--d-model 64 --layers 1 --heads 4 --batch 8 --length 32 --vocab 500 --steps 4 --peak-sizes 256,512)
-    TRAIN_LARGE=(--d-model 128 --layers 2 --heads 4 --batch 8 --length 64 --vocab 1000 --steps 3 --peak-sizes 256,512)
-    LOOP=(--loop-steps 100 --log-every 25 --decode-lengths 32,64 --decode-batch 4 --repeats 2)
-    NUMBERS_SHORT=(--config.train.num_steps=100 --config.train.log_every=25 --config.train.eval_every=100
-                   --config.train.checkpoint_every=100 --config.train.max_eval_batches=2)
-    PYTEST_ARGS=(tests/test_kernels_exact.py)
-    LIMITS=(180 90 90 240 120 180 240)
+    ATTN=(--lengths 256,512 --batch 1 --kernels dense,local,linear --repeats 2 --time-budget 60)
+    TRAIN_DEFAULT=(--d-model 64 --layers 1 --heads 4 --batch 8 --length 32 --vocab 500 --steps 4 --peak-sizes 256)
+    TRAIN_LARGE=(--d-model 128 --layers 2 --heads 4 --batch 8 --length 64 --vocab 1000 --steps 2 --peak-sizes 256)
+    LOOP=(--batch 16 --loop-steps 40 --log-every 10 --decode-lengths 16,32 --decode-batch 2 --repeats 1)
+    NUMBERS_SHORT=(--config.train.num_steps=20 --config.train.batch_size=16 --config.train.log_every=5
+                   --config.train.eval_every=20 --config.train.checkpoint_every=20 --config.train.max_eval_batches=1)
+    PYTEST_ARGS=(tests/test_kernels_exact.py -k "option_errors or exactly_the_band or memory_is_a_fraction")
+    LIMITS=(120 90 90 180 120 180 120)
     ;;
   tiny)
     ATTN_ENV=()
     ATTN=(--lengths 128 --batch 1 --kernels dense,local --repeats 1 --time-budget 30)
     TRAIN_DEFAULT=(--d-model 32 --layers 1 --heads 2 --batch 4 --length 8 --vocab 50 --steps 2 --peak-sizes 128)
     TRAIN_LARGE=("${TRAIN_DEFAULT[@]}")
-    LOOP=(--loop-steps 12 --log-every 4 --decode-lengths 8 --decode-batch 2 --repeats 1)
-    NUMBERS_SHORT=(--config.train.num_steps=4 --config.train.log_every=2 --config.train.eval_every=4
-                   --config.train.checkpoint_every=4 --config.train.max_eval_batches=1)
+    LOOP=(--batch 8 --loop-steps 12 --log-every 4 --decode-lengths 8 --decode-batch 2 --repeats 1)
+    NUMBERS_SHORT=(--config.train.num_steps=4 --config.train.batch_size=8 --config.train.log_every=2
+                   --config.train.eval_every=4 --config.train.checkpoint_every=4 --config.train.max_eval_batches=1)
     PYTEST_ARGS=(--collect-only $TEST_FILES)
     LIMITS=(60 60 60 120 60 120 60)
     ;;

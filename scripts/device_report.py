@@ -115,7 +115,10 @@ def attention_summary(out: str, step: dict) -> tuple[str, list[str]]:
     targets = re.findall(r"^- (PASS|FAIL|SKIP) (.*)$", text, flags=re.M)
     cudnn = [f"{verdict} {what.split(':')[0]}" for verdict, what in targets if "cuDNN" in what]
     counts = {v: sum(1 for t, _ in targets if t == v) for v in ("PASS", "FAIL", "SKIP")}
-    key = "; ".join(cudnn) if cudnn else "–"
+    if cudnn and all(c.startswith("SKIP") for c in cudnn):
+        key = "cuDNN targets not measured (no cuDNN)"
+    else:
+        key = "; ".join(cudnn) if cudnn else "–"
     key += f" (all targets: {counts['PASS']} pass, {counts['FAIL']} fail, {counts['SKIP']} skip)"
     return key, [intro, ""] + [f"#### {s.strip()}\n" for s in keep]
 
