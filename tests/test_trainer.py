@@ -54,6 +54,7 @@ def test_one_run_writes_results_metrics_wandb_and_checkpoints(tmp_path, data_dir
     for split in ("validation", "test"):
         assert {"loss", "accuracy", "bleu", "exact_match"} <= set(on_disk["final"][split])
     assert on_disk["config"]["model"]["num_heads"] == 4 and on_disk["steps_per_sec"] > 0
+    assert on_disk["compile_seconds"] > 0 and on_disk["steady_steps_per_sec"] > 0 and on_disk["train_time_sec"] > 0
     steps = [line["step"] for line in _lines(tmp_path)]
     assert steps == sorted(steps) and steps[-1] == 12
     (run_file,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
@@ -112,6 +113,142 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, data_dir
         assert all(np.isfinite(x).all() for x in jax.tree.leaves(run.state["params"]))
     finally:
         run.close()
+
+
+class _Tripwire:
+    """A metric value that records how many train steps had been dispatched when the host first reads it."""
+
+    def __init__(self, value, run):
+        self.value, self.run = value, run
+
+    def __array__(self, dtype=None, copy=None):
+        self.run.reads.append(("metric", self.run.dispatched))
+        return np.asarray(self.value, dtype)
+
+
+def _spy_runs(monkeypatch, poison_after=None):
+    """Makes the trainer build Runs whose train step counts its calls, records each batch, returns metrics that
+    record host reads, and (``poison_after``) turns the parameters to NaN after that step; returns the Runs made."""
+    from attn_lab.train import trainer
+
+    made = []
+
+    class SpyRun(Run):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.dispatched, self.reads, self.batches = 0, [], []
+            step, fetch = self.train_step, self.parallel.fetch
+
+            def counted(state, batch):
+                self.dispatched += 1
+                self.batches.append(batch)
+                state, metrics = step(state, batch)
+                if self.dispatched == poison_after:
+                    state = {**state, "params": jax.tree.map(lambda x: x * np.nan, state["params"])}
+                return state, {k: _Tripwire(v, self) for k, v in metrics.items()}
+
+            def fetched(tree):
+                self.reads.append(("fetch", self.dispatched))
+                return fetch(tree)
+
+            counted._cache_size = step._cache_size
+            self.train_step, self.parallel.fetch = counted, fetched
+            made.append(self)
+
+    monkeypatch.setattr(trainer, "Run", SpyRun)
+    return made
+
+
+def test_loop_reads_the_device_only_at_log_eval_and_checkpoint_steps(tmp_path, data_dir, monkeypatch):
+    """Steps are dispatched back to back: metrics reach the host only at syncs (log every 4; eval and checkpoint at
+    12), never per step, and the prefetched batch of step s is still dataset[s - 1]."""
+    from attn_lab.train.seeds import stack_batches
+
+    config = tiny_numbers(data_dir, log_every=4, eval_every=12, checkpoint_every=12)
+    config.wandb.mode = "disabled"
+    runs = _spy_runs(monkeypatch)
+    results = train_and_evaluate(config, str(tmp_path))
+    (run,) = runs
+    assert run.dispatched == 12 and results["steps"] == 12
+    assert {n for _, n in run.reads} == {4, 8, 12} and run.reads[0][1] == 4, run.reads
+    train = load_task(config.task, data_dir).dataset("train", 16, train=True, seed=config.seed)
+    for s, batch in enumerate(run.batches, start=1):
+        expected = stack_batches([train[s - 1]])
+        assert set(batch) == set(expected)
+        for k in expected:
+            np.testing.assert_array_equal(np.asarray(batch[k]), expected[k], err_msg=f"step {s} {k}")
+
+
+@pytest.mark.parametrize("checkpoint_every,found_at,last_checkpoint", [(4, 8, 4), (3, 6, 3)])
+def test_non_finite_loss_is_found_at_the_next_sync_and_never_checkpointed(tmp_path, data_dir, monkeypatch,
+                                                                          checkpoint_every, found_at, last_checkpoint):
+    """Parameters turn NaN after step 5, so step 6's loss is NaN. It is found at the next log (8) or checkpoint (6)
+    step, the one-line error names step 6, nothing from step 6 on is logged, and the last checkpoint is finite."""
+    config = tiny_numbers(data_dir, log_every=4, eval_every=12, checkpoint_every=checkpoint_every)
+    config.wandb.mode = "disabled"
+    _spy_runs(monkeypatch, poison_after=5)
+    with pytest.raises(FloatingPointError) as info:
+        train_and_evaluate(config, str(tmp_path))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("non-finite loss ([nan]) at step 6 (seed [0]); ")
+    assert f"stopped at step {found_at}, the last good checkpoint is step {last_checkpoint} in" in message
+    assert max(line["step"] for line in _lines(tmp_path)) < 6
+    monkeypatch.undo()
+    assert Checkpointer(str(tmp_path / "checkpoints")).latest_step() == last_checkpoint
+    run = Run(config, str(tmp_path))  # restores the last checkpoint, as a rerun would
+    try:
+        assert int(run.state["step"][0]) == last_checkpoint
+        assert all(np.isfinite(x).all() for x in jax.tree.leaves(run.state["params"]))
+    finally:
+        run.close()
+
+
+def _prefetch_threads():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name.startswith("attn_lab-prefetch")]
+
+
+def test_prefetch_keeps_order_and_looks_at_most_depth_ahead():
+    from attn_lab.train.prefetch import Prefetcher
+
+    started = []
+
+    def read(i):
+        started.append(i)
+        return i * i
+
+    with Prefetcher(read, range(10), depth=2) as items:
+        for consumed, (i, value) in enumerate(items, start=1):
+            assert value == i * i and i == consumed - 1
+            assert len(started) <= consumed + 2  # never more than depth items ahead
+    assert started == list(range(10)) and not _prefetch_threads()
+
+
+@pytest.mark.parametrize("stop", [ValueError, KeyboardInterrupt])
+def test_prefetch_stops_its_thread_on_errors_and_interrupts(stop):
+    """An error in the worker re-raises at its item; an exception (or Ctrl-C) in the loop stops the worker even
+    when the items never end."""
+    import itertools
+    import time
+
+    from attn_lab.train.prefetch import Prefetcher
+
+    def read(i):
+        if i == 3 and stop is ValueError:
+            raise ValueError("bad item 3")
+        time.sleep(0.01)
+        return i
+
+    seen = []
+    with pytest.raises(stop):
+        with Prefetcher(read, itertools.count(), depth=3) as items:
+            for i, _ in items:
+                seen.append(i)
+                if i == 5:
+                    raise stop("stop")
+    assert seen == ([0, 1, 2] if stop is ValueError else [0, 1, 2, 3, 4, 5])
+    assert not _prefetch_threads()
 
 
 BAD = [
