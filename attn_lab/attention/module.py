@@ -10,10 +10,16 @@ same outputs. Added on top, each for an ablation the source articles ask about:
 - ``head_mask=`` at call time: ``[num_heads]`` or ``[batch, num_heads]`` multiplying each head's output before the
   output projection -- differentiable, so heads can be masked, scored by gradient (Michel et al. 2019) and gated;
 - ``sow_weights`` / ``sow_head_outputs``: capture the attention matrix and per-head outputs in the same pass.
+
+Layouts are flax's: inputs ``[batch..., length, features]`` with any number of batch dimensions (zero included), in
+forward, masks and decode. Kernels only ever see one batch axis (``[B, T, N, H]``, masks ``[B|1, N|1, T|1, S]``):
+the leading dimensions are merged at the module boundary and restored on the output, the sown intermediates and the
+decode cache, so a kernel file never deals with batch rank and every kernel gets every layout.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -26,6 +32,43 @@ from attn_lab.attention.registry import build_kernel
 
 Array = jax.Array
 default_kernel_init = initializers.lecun_normal()
+
+
+def merge_batch(x: Array, batch: tuple[int, ...], what: str) -> Array:
+    """``[*lead, *rest] -> [B|1, *rest]``: the ``len(batch)`` leading dims (each 1 or equal to ``batch``'s) merged.
+
+    All-singleton leading dims stay one singleton axis, so a mask shared by the batch is never materialized per
+    example; otherwise they are broadcast to ``batch`` first (numpy semantics, as flax's masks).
+    """
+    lead, rest = x.shape[:len(batch)], x.shape[len(batch):]
+    if len(lead) != len(batch) or any(d not in (1, b) for d, b in zip(lead, batch)):
+        raise ValueError(f"{what} shape {tuple(x.shape)} does not broadcast to the inputs' batch dims {batch}")
+    if all(d == 1 for d in lead):
+        return x.reshape((1, *rest))
+    return jnp.broadcast_to(x, (*batch, *rest)).reshape((-1, *rest))
+
+
+def split_batch(x: Array, batch: tuple[int, ...]) -> Array:
+    """Inverse of :func:`merge_batch`: ``[B|1, *rest] -> [*batch, *rest]`` (or ``[1, ..., 1, *rest]``)."""
+    lead = batch if x.shape[0] == math.prod(batch) else (1,) * len(batch)
+    return x.reshape((*lead, *x.shape[1:]))
+
+
+def merge_mask(mask: Array | None, batch: tuple[int, ...]) -> Array | None:
+    """A mask broadcastable to ``[*batch, num_heads, q_len, kv_len]`` -> ``[B|1, N|1, T|1, S]`` (what kernels take).
+
+    Missing leading dims count as 1 (numpy broadcasting), so ``[T, S]`` or ``[1, T, S]`` masks work at any batch rank.
+    """
+    if mask is None:
+        return None
+    mask = jnp.asarray(mask)
+    rank = len(batch) + 3
+    if mask.ndim > rank:
+        raise ValueError(f"mask has {mask.ndim} dims; with batch dims {batch} it must broadcast to "
+                         f"[*batch, num_heads, q_len, kv_len] ({rank} dims)")
+    mask = mask.reshape((1,) * (rank - mask.ndim) + mask.shape)
+    return merge_batch(mask, batch, "mask")  # (B|1, N|1, T|1, S)
+
 
 
 class MultiHeadAttention(nnx.Module):
@@ -104,59 +147,84 @@ class MultiHeadAttention(nnx.Module):
                  rngs: nnx.Rngs | nnx.RngStream | None = None, sow_weights: bool = False,
                  decode: bool | None = None, is_causal: bool = False, head_mask: Array | None = None,
                  sow_head_outputs: bool = False) -> Array:
-        """Attends from ``inputs_q [batch, q_len, in_features]`` to ``inputs_k``/``inputs_v`` (default: itself).
+        """Attends from ``inputs_q [batch..., q_len, in_features]`` to ``inputs_k``/``inputs_v`` (default: itself).
+
+        Any number of batch dims, zero included, as flax; ``inputs_k``/``inputs_v`` have ``inputs_q``'s batch dims.
+        As in flax, ``mask`` is boolean and broadcastable to ``[batch..., num_heads, q_len, kv_len]``, and
+        ``is_causal`` is ignored in decode mode (the cache already hides unwritten slots; a causal mask on a
+        one-row query would keep only the first key).
 
         Args (beyond flax's):
-          head_mask: ``[num_heads]`` or ``[batch, num_heads]`` multiplier of each head's output.
-          sow_head_outputs: sow the masked per-head outputs ``[batch, q_len, num_heads, head_dim]`` as
-            ``nnx.Intermediate`` ``'head_outputs'`` and the per-head values ``[batch, kv_len, num_kv_heads,
-            head_dim]`` as ``'values'`` (``sow_weights`` sows ``'attention_weights'``).
+          head_mask: multiplier of each head's output, ``[num_heads]`` (every example) or
+            ``[batch..., num_heads]`` (per example; batch dims of size 1 broadcast).
+          sow_head_outputs: sow the masked per-head outputs ``[batch..., q_len, num_heads, head_dim]`` as
+            ``nnx.Intermediate`` ``'head_outputs'`` and the per-head values ``[batch..., kv_len, num_kv_heads,
+            head_dim]`` as ``'values'`` (``sow_weights`` sows ``'attention_weights'``
+            ``[batch..., num_heads, q_len, kv_len]``, as flax).
 
         Returns:
-          ``[batch, q_len, out_features]``.
+          ``[batch..., q_len, out_features]``.
         """
+        inputs_q, inputs_k, inputs_v = self._inputs(inputs_q, inputs_k, inputs_v)
+        batch = tuple(inputs_q.shape[:-2])
+        decode = bool(self.decode if decode is None else decode)
+        self.kernel.check(causal=is_causal or decode, cross=inputs_k is not inputs_q, decode=decode)
+        flat = [x.reshape((math.prod(batch), *x.shape[-2:])) for x in (inputs_q, inputs_k, inputs_v)]  # (B, T|S, F)
+        query = self.query(flat[0])  # (B, T, N, H)
+        key = self.key(flat[1])  # (B, S, K, H)
+        value = self.value(flat[2])  # (B, S, K, H)
+        if self.normalize_qk:
+            query, key = self.query_ln(query), self.key_ln(key)
+        mask = merge_mask(mask, batch)  # (B|1, N|1, T|1, S)
+        if decode:
+            key, value, mask = self._update_cache(key, value, mask, batch)  # (B, S_max, K, H)
+        dropout_rng, deterministic = self._dropout_rng(deterministic, rngs)
+        out, weights = self._attend(query, key, value, mask, batch, is_causal and not decode, dropout_rng,
+                                    deterministic, sow_weights)  # (B, T, N, H)
+        if sow_weights and weights is not None:
+            self.sow(nnx.Intermediate, "attention_weights", split_batch(weights, batch))  # (*batch, N, T, S)
+        if head_mask is not None:
+            out = out * self._expand_head_mask(head_mask, batch, out.dtype)  # (B, T, N, H)
+        if sow_head_outputs:
+            self.sow(nnx.Intermediate, "head_outputs", split_batch(out, batch))  # (*batch, T, N, H)
+            self.sow(nnx.Intermediate, "values", split_batch(value, batch))  # (*batch, S, K, H): value diversity
+        return split_batch(self.out(out), batch)  # (*batch, T, out_features)
+
+    def _inputs(self, inputs_q: Array, inputs_k: Array | None, inputs_v: Array | None) -> tuple[Array, Array, Array]:
+        """flax's defaults (keys = queries, values = keys) and layout checks, with one-line errors."""
         if inputs_k is None:
             if inputs_v is not None:
                 raise ValueError("`inputs_k` cannot be None if `inputs_v` is not None")
             inputs_k = inputs_q
         inputs_v = inputs_k if inputs_v is None else inputs_v
+        if inputs_q.ndim < 2:
+            raise ValueError(f"inputs_q must be [batch..., length, features], got shape {tuple(inputs_q.shape)}")
         if inputs_q.shape[-1] != self.in_features:
             raise ValueError(f"inputs_q has {inputs_q.shape[-1]} features, module expects {self.in_features}")
-        decode = bool(self.decode if decode is None else decode)
-        self.kernel.check(causal=is_causal or decode, cross=inputs_k is not inputs_q, decode=decode)
-        query = self.query(inputs_q)  # (B, T, N, H)
-        key = self.key(inputs_k)  # (B, S, K, H)
-        value = self.value(inputs_v)  # (B, S, K, H)
-        if self.normalize_qk:
-            query, key = self.query_ln(query), self.key_ln(key)
-        if decode:
-            key, value, mask = self._update_cache(key, value, mask)  # (B, S_max, K, H)
-        dropout_rng, deterministic = self._dropout_rng(deterministic, rngs)
-        out, weights = self._attend(query, key, value, mask, is_causal, dropout_rng, deterministic, sow_weights)
-        if sow_weights and weights is not None:
-            self.sow(nnx.Intermediate, "attention_weights", weights)
-        if head_mask is not None:
-            out = out * self._expand_head_mask(head_mask, out)  # (B, T, N, H)
-        if sow_head_outputs:
-            self.sow(nnx.Intermediate, "head_outputs", out)
-            self.sow(nnx.Intermediate, "values", value)  # (B, S, K, H), for value-subspace diversity
-        return self.out(out)
+        for name, x in (("inputs_k", inputs_k), ("inputs_v", inputs_v)):
+            if x.ndim != inputs_q.ndim or x.shape[:-2] != inputs_q.shape[:-2]:
+                raise ValueError(f"{name} shape {tuple(x.shape)} must have the batch dims of inputs_q "
+                                 f"{tuple(inputs_q.shape)}: [batch..., length, features]")
+        return inputs_q, inputs_k, inputs_v
 
-    def _attend(self, query, key, value, mask, is_causal, dropout_rng, deterministic, sow_weights):
-        common = dict(mask=mask, dropout_rng=dropout_rng, dropout_rate=self.dropout_rate,
-                      broadcast_dropout=self.broadcast_dropout, deterministic=deterministic,
-                      precision=self.precision, is_causal=is_causal)
-        if self.attention_fn is not None:  # a user's flax-style attention function, called exactly as flax does
-            return self.attention_fn(query, key, value, dtype=self.dtype, module=self if sow_weights else None,
-                                     **common), None
-        return self.kernel(query, key, value, need_weights=sow_weights, **common)
+    def _attend(self, query, key, value, mask, batch, is_causal, dropout_rng, deterministic, sow_weights):
+        common = dict(dropout_rng=dropout_rng, dropout_rate=self.dropout_rate, broadcast_dropout=self.broadcast_dropout,
+                      deterministic=deterministic, precision=self.precision, is_causal=is_causal)
+        if self.attention_fn is not None:  # a user's flax-style function, called as flax does: [batch..., T, N, H]
+            split = lambda x: None if x is None else split_batch(x, batch)
+            out = self.attention_fn(split(query), split(key), split(value), mask=split(mask), dtype=self.dtype,
+                                    module=self if sow_weights else None, **common)  # (*batch, T, N, H)
+            return out.reshape((math.prod(batch), *out.shape[len(batch):])), None
+        return self.kernel(query, key, value, mask=mask, need_weights=sow_weights, **common)
 
-    @staticmethod
-    def _expand_head_mask(head_mask: Array, out: Array) -> Array:
-        head_mask = jnp.asarray(head_mask, out.dtype)
-        if head_mask.ndim == 1:
-            return head_mask[None, None, :, None]  # (1, 1, N, 1)
-        return head_mask[:, None, :, None]  # (B, 1, N, 1)
+    def _expand_head_mask(self, head_mask: Array, batch: tuple[int, ...], dtype: Any) -> Array:
+        """``[num_heads]`` or ``[*batch, num_heads]`` -> ``[B|1, 1, N, 1]``, broadcast over positions and head_dim."""
+        head_mask = jnp.asarray(head_mask, dtype)
+        if head_mask.ndim not in (1, len(batch) + 1) or head_mask.shape[-1] != self.num_heads:
+            raise ValueError(f"head_mask must be [num_heads] or [*batch, num_heads] = {(*batch, self.num_heads)}, "
+                             f"got shape {tuple(head_mask.shape)}")
+        head_mask = head_mask.reshape((1,) * (len(batch) + 1 - head_mask.ndim) + head_mask.shape)  # (*batch|1, N)
+        return merge_batch(head_mask, batch, "head_mask")[:, None, :, None]  # (B|1, 1, N, 1)
 
     def _dropout_rng(self, deterministic: bool | None, rngs: Any) -> tuple[Array | None, bool]:
         """(dropout key or None, deterministic). The flag reaches the kernel even without dropout: stateful
@@ -173,22 +241,33 @@ class MultiHeadAttention(nnx.Module):
             raise ValueError("'rngs' must be passed to __call__ when the module was built with keep_rngs=False")
         return stream(), False
 
-    def _update_cache(self, key: Array, value: Array, mask: Array | None):
-        """Writes one step's key/value at the cache index; masks the slots not yet written."""
+    def _update_cache(self, key: Array, value: Array, mask: Array | None, batch: tuple[int, ...]):
+        """Writes one step's key/value ``[B, 1, K, H]`` at the cache index; masks the slots not yet written.
+
+        The cache keeps ``init_cache``'s shape ``[*batch, S_max, K, H]`` (flax's, so cache state moves between the
+        two modules); only here is it viewed with one batch axis.
+        """
         if self.cached_key is None:
             raise ValueError("autoregressive cache not initialized: call init_cache(input_shape) first")
-        batch, max_length, num_kv_heads, head_dim = self.cached_key.shape
-        if key.shape != (batch, 1, num_kv_heads, head_dim):
-            raise ValueError(f"decode expects one token per call: key shape {key.shape}, "
-                             f"cache wants {(batch, 1, num_kv_heads, head_dim)}")
+        shape = tuple(self.cached_key.shape)
+        *cache_batch, max_length, num_kv_heads, head_dim = shape
+        wanted = (*cache_batch, 1, num_kv_heads, head_dim)
+        if (*batch, *key.shape[1:]) != wanted:
+            raise ValueError(f"decode expects one token per call with the cache's batch dims: got key shape "
+                             f"{(*batch, *key.shape[1:])}, cache {shape} wants {wanted}")
+        flat = (math.prod(batch), max_length, num_kv_heads, head_dim)
         i = self.cache_index[...]
         zero = jnp.zeros((), i.dtype)
-        key = jax.lax.dynamic_update_slice(self.cached_key[...], key.astype(self.cached_key.dtype), (zero, i, zero, zero))
-        value = jax.lax.dynamic_update_slice(self.cached_value[...], value.astype(self.cached_value.dtype),
-                                             (zero, i, zero, zero))
-        self.cached_key[...], self.cached_value[...] = key, value
+
+        def write(cache: nnx.Cache, new: Array) -> Array:
+            updated = jax.lax.dynamic_update_slice(cache[...].reshape(flat), new.astype(cache.dtype),
+                                                   (zero, i, zero, zero))  # (B, S_max, K, H)
+            cache[...] = updated.reshape(shape)
+            return updated
+
+        key, value = write(self.cached_key, key), write(self.cached_value, value)
         self.cache_index[...] = i + 1
-        written = jnp.broadcast_to(jnp.arange(max_length) <= i, (batch, 1, 1, max_length))  # (B, 1, 1, S_max)
+        written = jnp.broadcast_to(jnp.arange(max_length) <= i, (flat[0], 1, 1, max_length))  # (B, 1, 1, S_max)
         return key, value, combine_masks(mask, written, dtype=jnp.bool_)
 
     def keep_heads(self, keep: Any) -> "MultiHeadAttention":
@@ -219,8 +298,9 @@ class MultiHeadAttention(nnx.Module):
         return new
 
     def init_cache(self, input_shape: tuple[int, ...], dtype: Any = jnp.float32) -> None:
-        """Preallocates the KV cache for ``input_shape = (batch, max_length, features)``; then call with decode=True."""
-        shape = (*input_shape[:-1], self.num_kv_heads, self.head_dim)  # (B, S_max, K, H)
+        """Preallocates the KV cache for ``input_shape = (*batch, max_length, features)``, any number of batch dims
+        (zero included), as flax; then call with decode=True, one token ``[*batch, 1, features]`` per call."""
+        shape = (*input_shape[:-1], self.num_kv_heads, self.head_dim)  # (*batch, S_max, K, H)
         self.cached_key = nnx.Cache(jnp.zeros(shape, dtype))
         self.cached_value = nnx.Cache(jnp.zeros(shape, dtype))
         self.cache_index = nnx.Cache(jnp.array(0, dtype=jnp.int32))
