@@ -14,13 +14,28 @@ step (AdamW, label smoothing, dropout) on random token batches. Reported:
 
 Writes ``<out>.json`` and ``<out>.md``. Works the same on a GPU or TPU (the peak is then that device's matmul peak
 at the chosen dtype).
+
+``--loop`` measures the training loop and decoding instead, on a tiny model (numbers quick: d_model 64, 2+2 layers):
+
+  python scripts/bench_train.py --loop --out bench/loop
+
+- ``trainer_over_bare``: steady-state steps/s of the real trainer loop (``trainer._train_loop`` on a ``Run`` of the
+  numbers task: prefetch, metric syncs at log steps, logging) over the same compiled train step called in a tight
+  loop on the same batches, already on the device, with one ``block_until_ready`` at the end. Every shape bucket is
+  compiled before either is timed, and the trainer's steady speed is its steps after the first log window, as in
+  results.json, so both sides time the same programs on the same batches. Goal: >= 0.9.
+- ``decode``: greedy decoding of a batch through the KV cache (``compile_decode(cached=True)``) against re-running
+  the causal decoder over the whole target buffer for every token (``cached=False``), at each target length (64 and
+  256). The model's logits never pick EOS (its bias is -1e9), so both decode every position. Goal: >= 5x at 256.
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
+import tempfile
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,25 +43,46 @@ import numpy as np
 from flax import nnx
 
 from attn_lab.models import build_model, count_params
+from attn_lab.models.transformer import EOS
+from attn_lab.sweep.spec import load_config_file
 from attn_lab.train.config import base_config
+from attn_lab.train.decode import compile_decode, supports_cached_decoding
 from attn_lab.train.logging import write_json_atomic, write_text_atomic
+from attn_lab.train.seeds import stack, stack_batches
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
-from attn_lab.train.seeds import stack
+from attn_lab.train.trainer import Run, _train_loop  # the trainer's own loop, timed as a run uses it
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+MFU_MODEL = {"d_model": 512, "layers": 2, "heads": 8, "batch": 32}
+LOOP_MODEL = {"d_model": 64, "layers": 2, "heads": 4, "batch": 32}  # configs/numbers.py:quick, half its batch
 
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--d-model", type=int, default=512)
-    p.add_argument("--layers", type=int, default=2, help="encoder and decoder layers each")
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--d-model", type=int, help="default 512 (64 with --loop)")
+    p.add_argument("--layers", type=int, help="encoder and decoder layers each; default 2")
+    p.add_argument("--heads", type=int, help="default 8 (4 with --loop)")
+    p.add_argument("--batch", type=int, help="default 32")
     p.add_argument("--length", type=int, default=64, help="source and target tokens per example")
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--steps", type=int, default=8, help="timed steps after 2 warm-up steps")
     p.add_argument("--peak-sizes", default="1024,2048,4096", help="square matmul sizes timed for the peak")
     p.add_argument("--out", default="bench/train")
-    return p.parse_args(argv)
+    p.add_argument("--loop", action="store_true", help="trainer loop vs bare step, and cached vs uncached decoding")
+    p.add_argument("--loop-steps", type=int, default=80, help="trainer steps per round (--loop)")
+    p.add_argument("--log-every", type=int, default=20, help="trainer log window (--loop); a round's first is warm-up")
+    p.add_argument("--rounds", type=int, default=3, help="trainer and bare loop alternations (--loop)")
+    p.add_argument("--decode-lengths", default="64,256", help="greedy decoding target lengths (--loop)")
+    p.add_argument("--decode-batch", type=int, default=8, help="sentences decoded at once (--loop)")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="least timed calls per decoder and length, median; fast ones repeat for 1 s (--loop)")
+    args = p.parse_args(argv)
+    for key, value in (LOOP_MODEL if args.loop else MFU_MODEL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
 
 
 def matmul_peak(dtype: str, sizes=(1024, 2048, 4096), repeats: int = 3) -> dict:
@@ -134,15 +170,172 @@ def markdown(r: dict) -> str:
             f"{100 * r['hfu']:.1f}% |\n")
 
 
+def loop_config(args: argparse.Namespace, data_dir: str):
+    """configs/numbers.py:quick with the --loop model, dropout 0.1 (the trainer's usual work), no W&B. ``num_steps``
+    is one more than the rounds train, so no evaluation runs (it would only cost untimed compilation); each round
+    ends with a checkpoint, outside the timed windows."""
+    c = load_config_file(f"{ROOT / 'configs' / 'numbers.py'}:quick")
+    c.task.data_dir, c.task.max_value, c.wandb.mode = data_dir, 999, "disabled"
+    c.model.update(num_layers=args.layers, d_model=args.d_model, mlp_dim=4 * args.d_model, num_heads=args.heads,
+                   dtype=args.dtype, dropout=0.1)
+    steps = args.loop_steps * args.rounds + 1
+    c.train.update(num_steps=steps, batch_size=args.batch, log_every=args.log_every, eval_every=steps,
+                   checkpoint_every=steps, max_eval_batches=1)
+    return c
+
+
+def compile_every_bucket(run: Run, batches: list[dict]) -> None:
+    """Compiles the train step for each distinct batch shape on a copy of the state (the step donates its input),
+    so neither the trainer's nor the bare loop's timed steps include a compilation."""
+    shapes = {}
+    for b in batches:
+        shapes.setdefault(tuple((k, v.shape) for k, v in sorted(b.items())), b)
+    copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # one program, not one per leaf
+    for b in shapes.values():
+        jax.block_until_ready(run.train_step(copy(run.state), jax.device_put(b)))
+
+
+def bare_steps_per_sec(run: Run, batches: list[dict]) -> float:
+    """The same compiled step over batches already on the device, in a tight loop, blocking once at the end."""
+    placed = [jax.device_put(b) for b in batches]
+    state = run.state
+    jax.block_until_ready((state, placed))
+    start = time.perf_counter()
+    for b in placed:
+        state, _ = run.train_step(state, b)
+    jax.block_until_ready(state)
+    seconds = time.perf_counter() - start
+    run.state = state  # the old buffers were donated
+    return len(placed) / seconds
+
+
+def bench_trainer(args: argparse.Namespace) -> dict:
+    """Steady steps/s of the trainer loop and of the bare step on the same batches, alternated for ``--rounds``.
+
+    Round r trains steps ``[r n + 1, (r + 1) n]`` with the trainer loop (one ``_train_loop`` call that stops there,
+    as an interrupted run would; its first log window is warm-up, as in results.json), then runs the bare step over
+    the batches of that round's steady steps. Alternating keeps a machine whose load drifts (a shared CPU) from
+    favouring one side; ``trainer_over_bare`` is the median of the rounds' ratios (each round's is ``ratio``).
+    """
+    n, rounds = args.loop_steps, []
+    with tempfile.TemporaryDirectory() as tmp:
+        config = loop_config(args, str(pathlib.Path(tmp) / "data"))
+        run = Run(config, str(pathlib.Path(tmp) / "run"))
+        try:
+            datasets = [run.task.dataset("train", args.batch, train=True, seed=s) for s in run.seeds]
+            batches = [stack_batches([d[i] for d in datasets]) for i in range(n * args.rounds)]  # step s: [s - 1]
+            compile_every_bucket(run, batches)
+            for r in range(args.rounds):
+                stats = _train_loop(run, stop_after=(r + 1) * n)
+                run.start_step = stats.step  # the next round continues from here, as a resumed run would
+                bare = bare_steps_per_sec(run, batches[r * n + args.log_every:(r + 1) * n])
+                trainer = stats.steady_steps / stats.steady_seconds
+                rounds.append({"trainer_steps_per_sec": trainer, "bare_steps_per_sec": bare, "ratio": trainer / bare})
+            num_params = run.num_params
+        finally:
+            run.close()
+    mean = lambda key: float(np.mean([x[key] for x in rounds]))
+    return {"params": num_params, "steady_steps": stats.steady_steps, "rounds": rounds,
+            "trainer_steps_per_sec": mean("trainer_steps_per_sec"), "bare_steps_per_sec": mean("bare_steps_per_sec"),
+            "trainer_over_bare": float(np.median([x["ratio"] for x in rounds]))}
+
+
+def decode_model(args: argparse.Namespace, vocab: int, max_len: int) -> tuple[Any, dict]:
+    """(graphdef, state) of a randomly initialized --loop model whose logits never pick EOS (untied output layer,
+    EOS bias -1e9), so greedy decoding runs to the full target length on both paths."""
+    c = base_config()
+    c.model.update(num_layers=args.layers, d_model=args.d_model, mlp_dim=4 * args.d_model, num_heads=args.heads,
+                   dtype=args.dtype, dropout=0.0, tie_embeddings=False)
+    model = build_model(c.model, kind="translation", vocab_size=vocab, max_len=max_len + 1)
+    assert supports_cached_decoding(model)
+    graphdef, params, _ = nnx.split(model, nnx.Param, ...)
+    params = nnx.to_pure_dict(params)
+    params["logits_proj"]["bias"] = params["logits_proj"]["bias"].at[EOS].set(-1e9)
+    return graphdef, {"params": params, "model_state": model_state(model)}
+
+
+def median_seconds(fn: Any, args: tuple, repeats: int, budget: float = 1.0) -> tuple[float, Any]:
+    """(median wall time of blocked calls of jitted ``fn`` on ``args``; the last call's output).
+
+    Compiled ahead of time, so no call compiles and no untimed warm-up run is needed (for the uncached decoder at
+    length 256 that run would be the longest part of the benchmark). At least ``repeats`` calls, more while they
+    add up to under ``budget`` seconds, so a fast function's first, cold call is one sample among many.
+    """
+    compiled = fn.lower(*args).compile()
+    times, out = [], None
+    while len(times) < repeats or (sum(times) < budget and len(times) < 50):
+        start = time.perf_counter()
+        out = jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), out
+
+
+DECODE_VOCAB, DECODE_SOURCE_LENGTH = 1000, 32
+
+
+def bench_decode(args: argparse.Namespace, vocab: int = DECODE_VOCAB,
+                 source_length: int = DECODE_SOURCE_LENGTH) -> list[dict]:
+    """Per target length: seconds to greedy-decode one batch with the KV cache and by re-running the decoder."""
+    lengths = [int(n) for n in args.decode_lengths.split(",")]
+    graphdef, state = decode_model(args, vocab, max(*lengths, source_length))
+    inputs = jnp.asarray(np.random.default_rng(0).integers(3, vocab, (args.decode_batch, source_length)),
+                         jnp.int32)  # (B, S)
+    rows = []
+    for length in lengths:
+        cached, uncached = (compile_decode(graphdef, length, cached=c) for c in (True, False))
+        t_cached, ids = median_seconds(cached, (state, inputs), args.repeats)  # ids: (B, length)
+        t_uncached, ids_uncached = median_seconds(uncached, (state, inputs), args.repeats)
+        rows.append({"length": length, "cached_seconds": t_cached, "uncached_seconds": t_uncached,
+                     "cached_speedup": t_uncached / t_cached,
+                     "same_tokens": bool((np.asarray(ids) == np.asarray(ids_uncached)).all())})
+    return rows
+
+
+def bench_loop(args: argparse.Namespace) -> dict:
+    """The --loop report: trainer loop against the bare step, then cached against uncached greedy decoding."""
+    if not 0 < args.log_every < args.loop_steps:
+        raise SystemExit(f"error: --log-every ({args.log_every}) must be below --loop-steps ({args.loop_steps}): "
+                         "the first log window is warm-up")
+    device = jax.devices()[0]
+    return {"device": f"{device.platform} {device.device_kind} x{jax.device_count()}", "args": vars(args),
+            **bench_trainer(args), "decode": bench_decode(args), "decode_vocab": DECODE_VOCAB,
+            "decode_source_length": DECODE_SOURCE_LENGTH}
+
+
+def loop_markdown(r: dict) -> str:
+    a = r["args"]
+    per_round = ", ".join(f"{x['ratio']:.2f}" for x in r["rounds"])
+    rows = "".join(f"| {d['length']} | {d['cached_seconds'] * 1e3:.1f} ms | {d['uncached_seconds'] * 1e3:.1f} ms | "
+                   f"{d['cached_speedup']:.1f}x | {'yes' if d['same_tokens'] else 'no'} |\n" for d in r["decode"])
+    return (f"# Training loop and decoding\n\n`python scripts/bench_train.py --loop` on {r['device']}: Seq2Seq "
+            f"d_model {a['d_model']}, {a['layers']}+{a['layers']} layers, {a['heads']} heads, {r['params']:,} "
+            f"parameters, {a['dtype']}.\n\n"
+            f"Numbers task, batch {a['batch']}; {a['rounds']} rounds of {a['loop_steps']} trainer steps (the "
+            f"{r['steady_steps']} after the first log window of {a['log_every']} timed), each followed by the bare "
+            "step on the same batches; every shape bucket compiled beforehand. Mean steps/s, median ratio.\n\n"
+            "| trainer loop | bare jitted step | trainer / bare (goal >= 0.9) | per round |\n|---|---|---|---|\n"
+            f"| {r['trainer_steps_per_sec']:.1f} steps/s | {r['bare_steps_per_sec']:.1f} steps/s | "
+            f"{r['trainer_over_bare']:.3f} | {per_round} |\n\n"
+            f"Greedy decoding of {a['decode_batch']} sentences of {r['decode_source_length']} random tokens "
+            f"(vocabulary {r['decode_vocab']:,}), median of at least {a['repeats']} calls:\n\n"
+            "| target length | KV cache | re-run decoder | speedup (goal >= 5x at 256) | same tokens |\n"
+            f"|---|---|---|---|---|\n{rows}")
+
+
 def main(argv=None) -> int:
     args = parse(argv)
-    peak = matmul_peak(args.dtype, tuple(int(n) for n in args.peak_sizes.split(",")))
-    r = report(args, peak, bench_model(args))
+    if args.loop:
+        r = bench_loop(args)
+        text = loop_markdown(r)
+    else:
+        peak = matmul_peak(args.dtype, tuple(int(n) for n in args.peak_sizes.split(",")))
+        r = report(args, peak, bench_model(args))
+        text = markdown(r)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(str(out.with_suffix(".json")), r)
-    write_text_atomic(out.with_suffix(".md"), markdown(r))
-    print(markdown(r))
+    write_text_atomic(out.with_suffix(".md"), text)
+    print(text)
     return 0
 
 
