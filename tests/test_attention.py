@@ -1,4 +1,8 @@
-"""The attention module against its references: flax's MultiHeadAttention and jax.nn.dot_product_attention."""
+"""The attention module against its references: flax's MultiHeadAttention and jax.nn.dot_product_attention.
+
+Float32 comparisons run under 'highest' matmul precision (tests/conftest.py), so their tight tolerances hold on a
+GPU too, where float32 matmuls default to TF32.
+"""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,8 @@
-"""Head-diversity regularizers: known values on hand-built heads, finite gradients, the loss they add, one compile."""
+"""Head-diversity regularizers: known values on hand-built heads, finite gradients, the loss they add, one compile.
+
+Float32 comparisons run under 'highest' matmul precision (tests/conftest.py), so their tight tolerances hold on a
+GPU too, where float32 matmuls default to TF32.
+"""
 
 import jax
 import jax.numpy as jnp

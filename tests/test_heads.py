@@ -1,5 +1,9 @@
 """Head analysis: importance against finite differences, zero-importance heads, diagnostics on hand-built maps,
-and the script on a finished run."""
+and the script on a finished run.
+
+Float32 comparisons run under 'highest' matmul precision (tests/conftest.py), so their tight tolerances hold on a
+GPU too, where float32 matmuls default to TF32.
+"""
 
 import json
 import os

@@ -1,4 +1,8 @@
-"""The linformer kernel (Wang et al. 2020): shapes, sharing modes, padding, errors, implied weights, training."""
+"""The linformer kernel (Wang et al. 2020): shapes, sharing modes, padding, errors, implied weights, training.
+
+Float32 comparisons run under 'highest' matmul precision (tests/conftest.py), so their tight tolerances hold on a
+GPU too, where float32 matmuls default to TF32.
+"""
 
 import jax
 import jax.numpy as jnp

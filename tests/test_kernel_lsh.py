@@ -1,4 +1,8 @@
-"""The lsh kernel (Kitaev et al. 2020): dense limit, rounds, buckets, padding, implied weights, approximation."""
+"""The lsh kernel (Kitaev et al. 2020): dense limit, rounds, buckets, padding, implied weights, approximation.
+
+Float32 comparisons run under 'highest' matmul precision (tests/conftest.py), so their tight tolerances hold on a
+GPU too, where float32 matmuls default to TF32.
+"""
 
 import functools
 

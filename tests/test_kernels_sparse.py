@@ -2,6 +2,9 @@
 
 The reference masks are built here from each paper's definition with plain loops, independently of the index
 builders in ``blocksparse.py``/``sparse.py`` (bigbird's random draw is the one free parameter taken from the kernel).
+
+Float32 comparisons run under 'highest' matmul precision (tests/conftest.py), so their tight tolerances hold on a
+GPU too, where float32 matmuls default to TF32.
 """
 
 import jax
