@@ -47,20 +47,23 @@ def _lines(workdir):
         return [{k: v for k, v in json.loads(line).items() if k != "time" and "per_sec" not in k} for line in f]
 
 
-def test_one_run_writes_results_metrics_wandb_and_checkpoints(tmp_path, data_dir):
+def test_one_run_writes_results_metrics_wandb_and_checkpoints(tmp_path, data_dir, capsys):
     results = train_and_evaluate(tiny_numbers(data_dir), str(tmp_path))
+    # one log line names each attention kind's implementation (float32: XLA on any backend, cuDNN takes bf16/fp16)
+    assert "attention: encoder_self=dense/xla, decoder_self=dense/xla, cross=dense/xla" in capsys.readouterr().out
     on_disk = json.load(open(tmp_path / "results.json"))
     assert on_disk["steps"] == 12 and on_disk["num_params"] == results["num_params"] > 0
     for split in ("validation", "test"):
         assert {"loss", "accuracy", "bleu", "exact_match"} <= set(on_disk["final"][split])
     assert on_disk["config"]["model"]["num_heads"] == 4 and on_disk["steps_per_sec"] > 0
+    assert on_disk["environment"]["packages"]["flax"] and on_disk["environment"]["device_count"] >= 1
     assert on_disk["compile_seconds"] > 0 and on_disk["steady_steps_per_sec"] > 0 and on_disk["train_time_sec"] > 0
     steps = [line["step"] for line in _lines(tmp_path)]
     assert steps == sorted(steps) and steps[-1] == 12
     (run_file,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     records = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", run_file], capture_output=True, text=True,
                              timeout=60).stdout  # the real offline W&B log: config, metrics, summary
-    assert '"num_heads":4' in records and "train/loss" in records and f'"num_params":{results["num_params"]}' in records
+    assert '"num_heads":4' in records and '"environment"' in records and "train/loss" in records and f'"num_params":{results["num_params"]}' in records
     assert Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 12
 
 

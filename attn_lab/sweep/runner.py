@@ -138,7 +138,9 @@ def collect(exp: Experiment, workdir: str, statuses: dict[str, str] | None = Non
             row["status"] = (statuses or {}).get(trial.name, "ok")
             row.update({f"test_{k}": v for k, v in res["final"]["test"].items()})
             row.update({f"best_val_{k}": v for k, v in res["best"].items()})
-            row.update(num_params=res["num_params"], steps=res["steps"], steps_per_sec=res["steps_per_sec"])
+            # steps/s of the tables: steady state (compilation excluded) where the run recorded it
+            speed = res.get("steady_steps_per_sec") or res["steps_per_sec"]
+            row.update(num_params=res["num_params"], steps=res["steps"], steps_per_sec=speed)
         else:
             error = os.path.join(workdir, trial.name, "error.txt")
             row["status"] = (statuses or {}).get(trial.name) or ("failed" if os.path.exists(error) else "not run")

@@ -21,6 +21,7 @@ import tqdm
 from flax import nnx, traverse_util
 
 from attn_lab.analysis.capture import as_layers, capture_step, track_summary
+from attn_lab.attention.dispatch import describe_dispatch
 from attn_lab.data import load_task
 from attn_lab.environment import environment
 from attn_lab.models import build_model, count_params
@@ -61,6 +62,7 @@ class Run:
                               num_classes=self.task.num_classes, seed=s, gates=config.heads.gates)
                   for s in self.seeds]
         self.num_params = count_params(models[0])
+        self.dispatch = describe_dispatch(models[0])  # which implementation each attention kind gets, for the log
         self.graphdef = nnx.split(models[0], nnx.Param, ...)[0]
         tx, n = make_optimizer(config.train, config.heads.gates), len(self.seeds)
         self.train_step, self.eval_step = compile_steps(self.graphdef, tx, self.task.kind,
@@ -374,6 +376,7 @@ def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *,
             vectorized = f", seeds {run.seeds} in one program" if len(run.seeds) > 1 else ""
             print(f"{config.task.name}: {run.task.kind} model, {run.num_params:,} parameters{vectorized}{resumed}",
                   flush=True)
+            print(run.dispatch, flush=True)
         stats = _train_loop(run, stop_after)
         step = stats.step
         if step < config.train.num_steps:
