@@ -64,7 +64,9 @@ def builder_for(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
 def prepare(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
     """Downloads and prepares once as array_record; a prepared copy in ``data_dir`` needs no network."""
     builder = builder_for(name, data_dir)
-    if not builder.is_prepared() and not _online():
+    if builder.is_prepared():  # reading needs no lock, so a prepared dataset on a read-only path works
+        return builder
+    if not _online():
         raise ValueError(f"task.name={name!r} is not prepared in {data_dir} and this machine is offline; prepare it "
                          "once on a machine with network into the same task.data_dir")
     try:

@@ -35,7 +35,11 @@ TASKS: tuple[str, ...] = (*DEFAULTS, "tfds:<name>")
 TASK_KINDS: dict[str, str] = {"numbers": "translation", "listops": "classification", "bible": "translation",
                               "sentiment": "classification", "digits": "classification"}
 _POSITIVE = ("max_input_length", "max_target_length", "max_depth", "min_length", "max_length", "num_train",
-             "num_validation", "num_test", "vocab_size")
+             "num_validation", "num_test", "vocab_size", "spm_max_texts")
+_NON_NEGATIVE = ("split_seed", "seed", "limit")  # seeds of numpy's default_rng; limit 0 means all
+_INTEGER = ("min_value", "max_value", "max_args")
+DIGITS_IMAGES, DIGITS_LENGTH = 1797, 64  # scikit-learn's load_digits: a fixed set of 8x8 images
+BIBLE_BOOKS = 66
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,9 +147,12 @@ def task_options(cfg: Any) -> dict[str, Any]:
 def validate_task_config(cfg: Any) -> None:
     """Checks a task config without preparing any data; raises a one-line ValueError naming the bad key."""
     opts = task_options(cfg)
-    for key in _POSITIVE:
-        if key in opts and not (isinstance(opts[key], int) and opts[key] > 0):
-            raise ValueError(f"task.{key} must be a positive integer, got {opts[key]!r}")
+    for keys, test, allowed in ((_POSITIVE, lambda v: v > 0, "a positive integer"),
+                                (_NON_NEGATIVE, lambda v: v >= 0, "an integer >= 0"),
+                                (_INTEGER, lambda v: True, "an integer")):
+        for key in keys:
+            if key in opts and not (_is_int(opts[key]) and test(opts[key])):
+                raise ValueError(f"task.{key} must be {allowed}, got {opts[key]!r}")
     if "spm_model_type" in opts and opts["spm_model_type"] not in spm.MODEL_TYPES:
         raise ValueError(f"task.spm_model_type={opts['spm_model_type']!r} is not one of {spm.MODEL_TYPES}")
     name = _get(cfg, "name", None)
@@ -186,7 +193,20 @@ def _check_bible(opts: dict[str, Any]) -> None:
                              f"{', '.join(bible.TRANSLATIONS)}")
     if opts["src"] == opts["tgt"]:
         raise ValueError(f"task.src and task.tgt are both {opts['src']!r}")
+    _check_books(opts["books"])
     bible.database_path()  # the optional package is installed (else one line naming the extra)
+
+
+def _check_books(books: Any) -> None:
+    """``task.books``: empty (all) or book numbers covering every split, so no split is empty."""
+    if not isinstance(books, (tuple, list)) or not all(_is_int(b) and 1 <= b <= BIBLE_BOOKS for b in books):
+        raise ValueError(f"task.books={books!r} must be a tuple of book numbers 1..{BIBLE_BOOKS} (empty: all)")
+    held_out = {"validation": bible.VALIDATION_BOOKS, "test": bible.TEST_BOOKS}
+    for split in ("train", "validation", "test") if books else ():
+        if not any(bible.split_of(b) == split for b in books):
+            which = ", ".join(map(str, held_out[split])) if split in held_out else "any other book"
+            raise ValueError(f"task.books={tuple(books)!r} has no {split} book, so its {split} split would be "
+                             f"empty; add one of: {which}")
 
 
 def _check_sentiment(opts: dict[str, Any]) -> None:
@@ -195,6 +215,54 @@ def _check_sentiment(opts: dict[str, Any]) -> None:
 
 def _check_digits(opts: dict[str, Any]) -> None:
     digits.check_installed()
+
+
+# The TFDS builder and config of each bundled task: its folder under data_dir is derived from them.
+_BUILDERS: dict[str, Any] = {
+    "numbers": lambda o: (numbers.Numbers, numbers.numbers_config(
+        **{k: o[k] for k in ("src_lang", "tgt_lang", "min_value", "max_value", "split_seed")})),
+    "listops": lambda o: (listops.Listops, listops.listops_config(**o)),
+    "bible": lambda o: (bible.Bible, bible.bible_config(o["src"], o["tgt"], tuple(o["books"]))),
+    "sentiment": lambda o: (sentiment.Sentiment, sentiment.sentiment_config(o["split_seed"], o["limit"])),
+    "digits": lambda o: (digits.Digits, digits.digits_config(o["split_seed"])),
+}
+
+
+def is_prepared(cfg: Any, data_dir: str | None = None) -> bool:
+    """Whether the task's data is already prepared in ``data_dir`` (nothing is written or downloaded)."""
+    name, data_dir = _get(cfg, "name", None), builders.resolve_data_dir(data_dir)
+    if catalog.is_catalog(name):
+        return catalog.builder_for(name, data_dir).is_prepared()
+    return builders.is_prepared(*_BUILDERS[name](task_options(cfg)), data_dir)
+
+
+def sequence_lengths(cfg: Any) -> tuple[int, int | None]:
+    """``(max_input_length, max_target_length or None)`` exactly as the loaded :class:`Task` will report them,
+    known from the config alone (no data is read)."""
+    name, opts = _get(cfg, "name", None), task_options(cfg)
+    if name == "digits":
+        return DIGITS_LENGTH, None
+    if "max_input_length" not in opts:  # listops and sentiment: one length for their single sequence
+        return opts["max_length"], None
+    translation = task_kind(cfg) == "translation"
+    return opts["max_input_length"], opts["max_target_length"] if translation else None
+
+
+# Training-split sizes known from the options alone (an upper bound for sentiment's limit, which may exceed the
+# distinct tweets). Only preparing tells the others: bible (aligned non-empty verses of the chosen books, counted from
+# the database), sentiment without a limit (distinct tweets) and TFDS catalog datasets (sizes come with the data).
+_TRAIN_SIZES: dict[str, Any] = {
+    "numbers": lambda o: (o["max_value"] - o["min_value"] + 1) * numbers.NumbersConfig.train_percent // 100,
+    "listops": lambda o: o["num_train"],
+    "digits": lambda o: DIGITS_IMAGES * 8 // 10,
+    "sentiment": lambda o: o["limit"] * 8 // 10 if o["limit"] else None,
+}
+
+
+def max_train_examples(cfg: Any) -> int | None:
+    """An upper bound on the training split's size known before preparation, or None where only preparing tells."""
+    size = _TRAIN_SIZES.get(_get(cfg, "name", None))
+    return size(task_options(cfg)) if size else None
 
 
 def load_task(cfg: Any, data_dir: str | None = None) -> Task:
@@ -220,22 +288,19 @@ def load_task(cfg: Any, data_dir: str | None = None) -> Task:
 
 
 def _load_numbers(opts: dict[str, Any], data_dir: str) -> Task:
-    config = numbers.numbers_config(**{k: opts[k] for k in ("src_lang", "tgt_lang", "min_value", "max_value",
-                                                            "split_seed")})
-    builder = builders.prepare(numbers.Numbers, config, data_dir)
+    builder = builders.prepare(*_BUILDERS["numbers"](opts), data_dir)
     return Task("numbers", "translation", _vocab(builder, "char"), None, opts["max_input_length"],
                 opts["max_target_length"], _in_memory(builder))
 
 
 def _load_listops(opts: dict[str, Any], data_dir: str) -> Task:
-    builder = builders.prepare(listops.Listops, listops.listops_config(**opts), data_dir)
+    builder = builders.prepare(*_BUILDERS["listops"](opts), data_dir)
     return Task("listops", "classification", _vocab(builder, "word"), 10, opts["max_length"], None,
                 _in_memory(builder))
 
 
 def _load_bible(opts: dict[str, Any], data_dir: str) -> Task:
-    builder = builders.prepare(bible.Bible, bible.bible_config(opts["src"], opts["tgt"], tuple(opts["books"])),
-                               data_dir)
+    builder = builders.prepare(*_BUILDERS["bible"](opts), data_dir)
     sources = _in_memory(builder)
     texts = [pipeline.as_text(r[k]) for r in sources["train"] for k in ("source", "target")]
     vocab = spm.load_or_train(builder.data_dir, texts, opts["vocab_size"], opts["spm_model_type"])
@@ -243,8 +308,7 @@ def _load_bible(opts: dict[str, Any], data_dir: str) -> Task:
 
 
 def _load_sentiment(opts: dict[str, Any], data_dir: str) -> Task:
-    config = sentiment.sentiment_config(opts["split_seed"], opts["limit"])
-    builder = builders.prepare(sentiment.Sentiment, config, data_dir)
+    builder = builders.prepare(*_BUILDERS["sentiment"](opts), data_dir)
     sources = _in_memory(builder)
     texts = [pipeline.as_text(r["source"]) for r in sources["train"]]
     vocab = spm.load_or_train(builder.data_dir, texts, opts["vocab_size"], opts["spm_model_type"])
@@ -252,8 +316,8 @@ def _load_sentiment(opts: dict[str, Any], data_dir: str) -> Task:
 
 
 def _load_digits(opts: dict[str, Any], data_dir: str) -> Task:
-    builder = builders.prepare(digits.Digits, digits.digits_config(opts["split_seed"]), data_dir)
-    return Task("digits", "classification", _vocab(builder, "word"), 10, 64, None, _in_memory(builder))
+    builder = builders.prepare(*_BUILDERS["digits"](opts), data_dir)
+    return Task("digits", "classification", _vocab(builder, "word"), 10, DIGITS_LENGTH, None, _in_memory(builder))
 
 
 def _in_memory(builder: tfds.core.DatasetBuilder) -> dict[str, list[dict]]:
@@ -281,6 +345,10 @@ def _vocab(builder: tfds.core.DatasetBuilder, level: str) -> Vocab:
     vocab = Vocab.build(texts, level)
     vocab.save(path)
     return vocab
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _get(cfg: Any, key: str, default: Any) -> Any:

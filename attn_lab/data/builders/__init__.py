@@ -76,13 +76,26 @@ def prepare(
     Returns:
       A prepared builder, ready for `as_data_source()`.
     """
+    builder = _builder(builder_cls, config, data_dir)
+    if builder.is_prepared():  # reading needs no lock, so a prepared dataset on a read-only path works
+        return builder
+    with prepare_lock(data_dir, f"{builder_cls.name}-{config.name}"):  # sweep trials may start together
+        builder = _builder(builder_cls, config, data_dir)  # another process may have prepared it meanwhile
+        builder.download_and_prepare(file_format="array_record")
+    return builder
+
+
+def is_prepared(builder_cls: type[tfds.core.DatasetBuilder], config: tfds.core.BuilderConfig, data_dir: str) -> bool:
+    """Whether ``data_dir`` already holds this dataset (checked without writing anything)."""
+    return _builder(builder_cls, config, data_dir).is_prepared()
+
+
+def _builder(builder_cls: type[tfds.core.DatasetBuilder], config: tfds.core.BuilderConfig,
+             data_dir: str) -> tfds.core.DatasetBuilder:
     # TFDS refuses a config object that merely shares its name with one
     # declared in the class, so pass the declared one by name when they match.
     declared = builder_cls.builder_configs.get(config.name)
-    with prepare_lock(data_dir, f"{builder_cls.name}-{config.name}"):  # sweep trials may start together
-        builder = builder_cls(data_dir=data_dir, config=config.name if declared else config)
-        builder.download_and_prepare(file_format="array_record")
-    return builder
+    return builder_cls(data_dir=data_dir, config=config.name if declared else config)
 
 
 @contextlib.contextmanager
