@@ -40,16 +40,30 @@ class Ctx:
 def parse_head_mask(text: str | None, num_layers: int, num_heads: int) -> tuple | None:
     """``'1,0,1,1'`` (every layer) or ``'1,0,1,1;1,1,1,1'`` (per layer) -> ``[num_layers][num_heads]`` floats.
 
-    Kept as nested tuples: a static part of the model, folded into the compiled step as a constant.
+    Kept as nested tuples: a static part of the model, folded into the compiled step as a constant. Raises a
+    one-line ValueError starting ``head_mask='<text>'`` (the config prefixes the kind) for anything but numbers in
+    [0, 1] in 1 or ``num_layers`` rows of ``num_heads``.
     """
     if text is None or str(text).strip() == "":
         return None
-    rows = [[float(v) for v in row.split(",")] for row in str(text).split(";")]
+    rows = [[_mask_value(v) for v in row.split(",")] for row in str(text).split(";")]
+    if any(v is None for row in rows for v in row):
+        raise ValueError(f"head_mask='{text}': values must be numbers in [0, 1] (1 keeps a head, 0 masks it, "
+                         "0.5 halves it), comma-separated, rows separated by ';'")
     rows = rows * num_layers if len(rows) == 1 else rows
     if len(rows) != num_layers or any(len(r) != num_heads for r in rows):
-        raise ValueError(f"head_mask '{text}' must have {num_heads} values per row and 1 or {num_layers} rows "
+        raise ValueError(f"head_mask='{text}' must have {num_heads} values per row and 1 or {num_layers} rows "
                          "(rows separated by ';')")
     return tuple(tuple(r) for r in rows)
+
+
+def _mask_value(text: str) -> float | None:
+    """A head mask entry's multiplier in [0, 1]; None for anything else (letters, nan, 2, -1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 1.0 else None
 
 
 def make_attention(cfg: Any, kind: str, *, rngs: nnx.Rngs) -> MultiHeadAttention:
