@@ -1,22 +1,31 @@
 """The config schema shared by every task, and its validation.
 
 Task config files (``configs/<task>.py``) start from :func:`base_config` and set the task block plus their own
-defaults; a ``:quick`` preset shrinks everything. :func:`validate_config` runs before any data is prepared or any
-function compiles, and names the bad key in one line.
+defaults; a ``:quick`` preset shrinks everything. :func:`validate_config` runs before any data is prepared, any
+function compiles or any file is written, and names the bad key, its value and what is allowed in one line: every
+key's type and range, the paths the run reads or writes, and the options only used late (the BLEU tokenizer, a
+kernel's length limit against the task's lengths, the batch size against the training split).
 """
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any
+from typing import Any, Callable
 
+import jax
 import ml_collections
 from flax import nnx
 from ml_collections import config_dict
+from sacrebleu.metrics import BLEU
 
 from attn_lab.attention import KERNELS, build_kernel, validate_spec
 from attn_lab.attention.registry import default_options
+from attn_lab.checks import SEEDS, check_writable
 from attn_lab.data import task_kind, validate_task_config
+from attn_lab.data.builders import resolve_data_dir
+from attn_lab.data.pipeline import bucket_lengths
+from attn_lab.data.tasks import is_prepared, max_train_examples, sequence_lengths
 from attn_lab.models import KINDS, parse_head_mask
 from attn_lab.train import diversity
 from attn_lab.train.logging import check_wandb_mode
@@ -84,11 +93,50 @@ def base_config() -> ml_collections.ConfigDict:
 
 CHOICES = {"model.norm": ("pre", "post"), "model.dtype": ("float32", "bfloat16"), "model.positions": ("sinusoidal", "learned"),
            "model.pooling": ("mean", "cls"), "train.schedule": ("rsqrt", "cosine")}
-POSITIVE = ("model.num_layers", "model.d_model", "model.num_heads", "model.mlp_dim", "train.num_steps",
-            "train.batch_size", "train.learning_rate", "train.eval_every", "train.checkpoint_every",
-            "train.log_every", "model.num_kv_heads", "model.head_dim", "model.num_decoder_layers",
-            "train.max_eval_batches")
-FRACTIONS = ("model.dropout", "model.attention_dropout", "train.label_smoothing")
+TYPES = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
+
+
+def _rule(kind: type, allowed: str = "", test: Callable[[Any], bool] = lambda v: True,
+          optional: bool = False) -> tuple:
+    """A scalar key's type, what is allowed (for the message) and its test; ``optional``: None (unset) passes."""
+    return kind, allowed, test, optional
+
+
+_POSITIVE_INT, _POSITIVE = _rule(int, "positive", lambda v: v > 0), _rule(float, "positive", lambda v: v > 0)
+_OPTIONAL_POSITIVE_INT = _rule(int, "positive", lambda v: v > 0, optional=True)
+_NON_NEGATIVE = _rule(float, ">= 0", lambda v: v >= 0)
+_FRACTION = _rule(float, "in [0, 1)", lambda v: 0 <= v < 1)
+_BOOL, _STR, _OPTIONAL_STR = _rule(bool), _rule(str), _rule(str, optional=True)
+
+# Every scalar key of base_config (kernel options are checked by their kernel, task options by the task).
+SCALARS: dict[str, tuple] = {
+    "seed": _rule(int, "in [0, 2**32 - 1]", lambda v: v in SEEDS),  # grain's shuffle seeds
+    "compile_cache": _STR, "task.data_dir": _OPTIONAL_STR,
+    **dict.fromkeys(("model.num_layers", "model.d_model", "model.num_heads", "model.mlp_dim"), _POSITIVE_INT),
+    **dict.fromkeys(("model.num_decoder_layers", "model.num_kv_heads", "model.head_dim"), _OPTIONAL_POSITIVE_INT),
+    **dict.fromkeys(("model.dropout", "model.attention_dropout", "train.label_smoothing"), _FRACTION),
+    **dict.fromkeys(("model.tie_embeddings", "model.use_query_bias", "model.use_key_bias", "model.use_value_bias",
+                     "model.use_out_bias", "heads.track", "heads.gates.enabled", "parallel.shard_params",
+                     "parallel.distributed"), _BOOL),
+    **{f"model.kinds.{k}.{o}": _OPTIONAL_STR for k in KINDS for o in ("attention", "head_mask")},
+    **{f"model.kinds.{k}.num_kv_heads": _OPTIONAL_POSITIVE_INT for k in KINDS},
+    **dict.fromkeys(("train.num_steps", "train.batch_size", "train.log_every", "train.eval_every",
+                     "train.checkpoint_every"), _POSITIVE_INT),
+    "train.max_eval_batches": _OPTIONAL_POSITIVE_INT,
+    "train.warmup_steps": _rule(int, ">= 0", lambda v: v >= 0),
+    "train.learning_rate": _POSITIVE, "train.weight_decay": _NON_NEGATIVE,
+    "train.grad_clip": _rule(float, "positive (the bound on the global gradient norm; 0 would stop learning)",
+                             lambda v: v > 0),
+    "train.init_from": _OPTIONAL_STR,
+    "heads.gates.l0": _NON_NEGATIVE, "heads.gates.dual_lr": _POSITIVE, "heads.gates.lr": _POSITIVE,
+    "heads.gates.init": _rule(float),
+    "heads.gates.target": _rule(float, "in (0, 1] (the share of heads to keep)", lambda v: 0 < v <= 1, True),
+    "heads.gates.anneal": _rule(float, "in [0, 1] (a share of train.num_steps)", lambda v: 0 <= v <= 1),
+    "parallel.coordinator_address": _OPTIONAL_STR, "parallel.num_processes": _OPTIONAL_POSITIVE_INT,
+    "parallel.process_id": _rule(int, ">= 0", lambda v: v >= 0, optional=True),
+    "eval.bleu_tokenize": _STR, "wandb.mode": _STR, "wandb.project": _rule(str, "non-empty", lambda v: v.strip()),
+    "wandb.group": _OPTIONAL_STR, "wandb.name": _OPTIONAL_STR,
+}
 
 
 def _get(config: Any, dotted: str) -> Any:
@@ -97,78 +145,205 @@ def _get(config: Any, dotted: str) -> Any:
     return config
 
 
-def _check_model(m: Any, task_type: str) -> dict[str, Any]:
-    """Checks the model block; returns the kernel each attention kind builds (one tiny instance each)."""
-    kernels = {}
+def _has_type(value: Any, kind: type) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    kinds = (int, float) if kind is float else kind  # an integer is a number
+    return isinstance(value, kinds) and not isinstance(value, bool)
+
+
+def _check_scalar(key: str, value: Any, rule: tuple) -> None:
+    """One line ``<key> must be <what is allowed>, got <value>`` unless ``value`` passes ``rule`` (see SCALARS)."""
+    kind, allowed, test, optional = rule
+    if value is None and optional:
+        return
+    if not _has_type(value, kind):
+        raise ValueError(f"{key} must be {TYPES[kind]}{' or unset' if optional else ''}, got {value!r}")
+    if not test(value):
+        raise ValueError(f"{key} must be {allowed}, got {value!r}")
+
+
+def _check_finite(node: Any, prefix: str = "") -> None:
+    """Every number anywhere in the config (kernel and task options included) is finite: inf and nan never are."""
+    for key, value in node.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            _check_finite(value, f"{prefix}{key}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{prefix}{key} must be finite, got {value!r}")
+
+
+def _check_scalars(config: Any, prefix: str = "") -> None:
+    for key, rule in SCALARS.items():
+        if key.startswith(prefix):
+            _check_scalar(key, _get(config, key), rule)
+    for key, choices in CHOICES.items():
+        if key.startswith(prefix) and _get(config, key) not in choices:
+            raise ValueError(f"{key}='{_get(config, key)}' is not one of: {', '.join(choices)}")
+
+
+def check_parallel(config: Any) -> None:
+    """The ``parallel`` block alone, pure Python: scripts/train.py runs it before ``jax.distributed`` starts."""
+    _check_scalars(config, "parallel.")
+    p = config.parallel
+    for key in ("coordinator_address", "num_processes", "process_id"):
+        if p[key] is not None and not p.distributed:
+            raise ValueError(f"parallel.{key}={p[key]!r} needs parallel.distributed=True")
+    if None not in (p.num_processes, p.process_id) and p.process_id >= p.num_processes:
+        raise ValueError(f"parallel.process_id={p.process_id} must be below parallel.num_processes={p.num_processes}")
+
+
+def _key_lengths(task: Any, pooling: str) -> dict[str, int]:
+    """Per attention kind, the longest key sequence a batch can give it, from the task config alone: the task's
+    length padded up to its last bucket (plus the classifier's cls token)."""
+    inputs, targets = sequence_lengths(task)
+    padded = bucket_lengths(inputs)[-1]
+    return {"encoder_self": padded + (targets is None and pooling == "cls"), "cross": padded,
+            "decoder_self": bucket_lengths(targets)[-1] if targets else 0}
+
+
+def _check_kernel_length(kernel: Any, name: str, kind: str, length: int) -> None:
+    """A kernel with a ``max_len`` (Linformer's projections) takes no longer keys; found here, not at trace time."""
+    limit = getattr(kernel, "max_len", None)
+    if limit is not None and length > limit:
+        raise ValueError(f"model.attention.{name}.max_len={limit} is shorter than the {kind} keys of this task "
+                         f"(up to {length} tokens, the task's length padded to its last bucket); raise it to "
+                         f"at least {length}")
+
+
+def _build_kernel(m: Any, kind: str, kv: int) -> tuple[str, Any]:
+    """The kernel ``kind`` uses, as one tiny instance (its options are checked by its constructor)."""
+    over, spec = m.kinds[kind], m.attention.to_dict()
+    if over.attention is not None:
+        spec["name"] = over.attention
+    name, _ = validate_spec(spec, where="model.attention" if over.attention is None
+                            else f"model.kinds.{kind}.attention")
+    try:  # compile nothing
+        kernel = build_kernel(spec, num_heads=m.num_heads, num_kv_heads=kv,
+                              head_dim=m.head_dim or m.d_model // m.num_heads, rngs=nnx.Rngs(0))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"model.attention.{name}: {e}") from None
+    try:
+        kernel.check(causal=kind == "decoder_self", cross=kind == "cross", dropout=m.attention_dropout > 0)
+    except ValueError as e:
+        raise ValueError(f"{e} (used by {kind})") from None
+    return name, kernel
+
+
+def _head_mask(m: Any, kind: str) -> tuple | None:
+    layers = m.num_layers if kind == "encoder_self" else m.num_decoder_layers or m.num_layers
+    try:
+        return parse_head_mask(m.kinds[kind].head_mask, layers, m.num_heads)
+    except ValueError as e:
+        raise ValueError(f"model.kinds.{kind}.{e}") from None
+
+
+def _check_model(m: Any, task: Any) -> dict[str, Any]:
+    """Checks the model block against the task; returns the kernel each attention kind builds."""
     if m.head_dim is None and m.d_model % m.num_heads:
         raise ValueError(f"model.num_heads={m.num_heads} does not divide model.d_model={m.d_model}; "
                          "set model.head_dim to decouple them")
-    causal_kinds = {"decoder_self"}
-    for kind in KINDS if task_type == "translation" else ("encoder_self",):
-        over = m.kinds[kind]
-        kv = over.num_kv_heads or m.num_kv_heads or m.num_heads
-        if over.num_kv_heads is not None and over.num_kv_heads <= 0:
-            raise ValueError(f"model.kinds.{kind}.num_kv_heads must be positive, got {over.num_kv_heads}")
+    kinds = KINDS if task_kind(task) == "translation" else ("encoder_self",)
+    lengths, kernels, masks = _key_lengths(task, m.pooling), {}, {}
+    for kind in kinds:
+        kv = m.kinds[kind].num_kv_heads or m.num_kv_heads or m.num_heads
         if m.num_heads % kv:
             raise ValueError(f"model.num_heads={m.num_heads} is not divisible by num_kv_heads={kv} ({kind})")
-        spec = m.attention.to_dict()
-        if over.attention is not None:
-            spec["name"] = over.attention
-        name, _ = validate_spec(spec, where="model.attention" if over.attention is None
-                                else f"model.kinds.{kind}.attention")
-        try:  # option values are checked by the kernel's constructor: build one tiny instance, compile nothing
-            kernel = build_kernel(spec, num_heads=m.num_heads, num_kv_heads=kv,
-                                  head_dim=m.head_dim or m.d_model // m.num_heads, rngs=nnx.Rngs(0))
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"model.attention.{name}: {e}") from None
-        try:
-            kernel.check(causal=kind in causal_kinds, cross=kind == "cross", dropout=m.attention_dropout > 0)
-        except ValueError as e:
-            raise ValueError(f"{e} (used by {kind})") from None
-        try:
-            parse_head_mask(over.head_mask, m.num_decoder_layers or m.num_layers if kind != "encoder_self"
-                            else m.num_layers, m.num_heads)
-        except ValueError as e:
-            raise ValueError(f"model.kinds.{kind}.{e}") from None
-        kernels[kind] = kernel
+        name, kernels[kind] = _build_kernel(m, kind, kv)
+        _check_kernel_length(kernels[kind], name, kind, lengths[kind])
+        masks[kind] = _head_mask(m, kind)
+    if all(mask is not None and not any(map(any, mask)) for mask in masks.values()):  # pruning keeps one head too
+        raise ValueError(f"model.kinds.{kinds[-1]}.head_mask={m.kinds[kinds[-1]].head_mask!r}: the head masks "
+                         "mask every attention head of the model; keep at least one")
     return kernels
 
 
 def _check_gates(g: Any) -> None:
     if (g.l0 > 0 or g.target is not None) and not g.enabled:
         raise ValueError("heads.gates.l0 / heads.gates.target need heads.gates.enabled=True")
-    if g.l0 < 0:
-        raise ValueError(f"heads.gates.l0 must be >= 0, got {g.l0}")
-    if g.target is not None and not 0.0 < g.target <= 1.0:
-        raise ValueError(f"heads.gates.target is the share of heads to keep, in (0, 1]; got {g.target}")
-    if not 0.0 <= g.anneal <= 1.0:
-        raise ValueError(f"heads.gates.anneal is a share of train.num_steps, in [0, 1]; got {g.anneal}")
-    if g.dual_lr <= 0:
-        raise ValueError(f"heads.gates.dual_lr must be positive, got {g.dual_lr}")
 
 
-def _check_init_from(path: str | None) -> None:
-    if path is not None and not os.path.isdir(os.path.join(path, "checkpoints")):
-        raise ValueError(f"train.init_from='{path}' is not a run folder with checkpoints")
+def _check_diversity_layers(config: Any) -> None:
+    """Layer indices past the model's depth would regularize nothing, silently."""
+    depth = max(config.model.num_layers, config.model.num_decoder_layers or 0)
+    layers = [int(x) for x in str(config.loss.diversity.layers).split(",") if x.strip()]
+    bad = [i for i in layers if not 0 <= i < depth]
+    if bad:
+        raise ValueError(f"loss.diversity.layers={config.loss.diversity.layers!r}: layer {bad[0]} does not exist; "
+                         f"the model's layers are 0..{depth - 1}")
+
+
+def _check_batch_size(config: Any) -> None:
+    """Against the training split where its size is known from the config alone (see ``max_train_examples``; other
+    tasks are checked when their data is loaded) and against the devices that split it."""
+    batch, most = config.train.batch_size, max_train_examples(config.task)
+    if most is not None and batch > most:
+        raise ValueError(f"train.batch_size={batch} exceeds the training split of task '{config.task.name}' "
+                         f"(at most {most} examples with these task settings)")
+    if batch % jax.device_count():
+        raise ValueError(f"train.batch_size={batch} must be divisible by the {jax.device_count()} devices "
+                         "(data parallel)")
+
+
+def _check_bleu(tokenize: str, translation: bool) -> None:
+    """The BLEU tokenizer, checked now rather than at the first evaluation after training."""
+    if tokenize not in BLEU.TOKENIZERS:
+        raise ValueError(f"eval.bleu_tokenize={tokenize!r} is not one of sacrebleu's tokenizers: "
+                         f"{', '.join(BLEU.TOKENIZERS)}")
+    if not translation:
+        return
+    try:  # 'ja-mecab' and 'ko-mecab' need extra packages; the 'flores' ones download a model once (fail offline)
+        BLEU(tokenize=tokenize)
+    except Exception as e:  # noqa: BLE001 (import, network and runtime errors: report one line)
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ValueError(f"eval.bleu_tokenize={tokenize!r} cannot be used here: {first}") from None
+
+
+def _check_wandb(w: Any) -> None:
+    check_wandb_mode(w.mode)
+    if not isinstance(w.tags, (tuple, list)) or not all(isinstance(t, str) for t in w.tags):
+        raise ValueError(f"wandb.tags must be a tuple of strings, got {w.tags!r}")
+
+
+def check_workdirs(workdirs: list[str]) -> None:
+    """The run folders scripts/train.py will write (checked before anything is created)."""
+    for workdir in workdirs:
+        check_writable(workdir, "--workdir")
+
+
+def _check_paths(config: Any) -> None:
+    """Every path the run reads or writes besides its workdir: init_from, the compile cache and the data."""
+    if config.train.init_from is not None and not os.path.isdir(os.path.join(config.train.init_from, "checkpoints")):
+        raise ValueError(f"train.init_from='{config.train.init_from}' is not a run folder with checkpoints")
+    if config.compile_cache:
+        try:
+            check_writable(config.compile_cache, "compile_cache")
+        except ValueError as e:
+            raise ValueError(f"{e} ('' turns the compilation cache off)") from None
+    data_dir = resolve_data_dir(config.task.data_dir)
+    try:
+        check_writable(data_dir, "task.data_dir")
+    except ValueError as e:
+        if os.path.isdir(data_dir) and is_prepared(config.task, data_dir):  # a prepared dataset is only read
+            return
+        raise ValueError(f"{e}, and task '{config.task.name}' is not prepared there (preparing writes it)") from None
 
 
 def validate_config(config: Any) -> None:
-    """Raises ValueError with one line naming the first bad key; never prepares data or compiles."""
-    for key in POSITIVE:
-        value = _get(config, key)
-        if value is not None and not value > 0:
-            raise ValueError(f"{key} must be positive, got {value}")
-    for key in FRACTIONS:
-        if not 0.0 <= _get(config, key) < 1.0:
-            raise ValueError(f"{key} must be in [0, 1), got {_get(config, key)}")
-    for key, choices in CHOICES.items():
-        if _get(config, key) not in choices:
-            raise ValueError(f"{key}='{_get(config, key)}' is not one of: {', '.join(choices)}")
-    if config.train.warmup_steps < 0:
-        raise ValueError(f"train.warmup_steps must be >= 0, got {config.train.warmup_steps}")
+    """Raises ValueError with one line naming the first bad key, its value and what is allowed.
+
+    Never prepares data, compiles or writes a file. It builds one tiny instance of each attention kernel, so call it
+    after ``jax.distributed`` starts (:func:`check_parallel` is the part that can run before).
+    """
+    _check_finite(config)
+    _check_scalars(config)
+    check_parallel(config)
     _check_gates(config.heads.gates)
-    _check_init_from(config.train.init_from)
     validate_task_config(config.task)
-    kernels = _check_model(config.model, task_kind(config.task))
+    translation = task_kind(config.task) == "translation"
+    kernels = _check_model(config.model, config.task)
     diversity.check_config(config.loss.diversity, kernels)
-    check_wandb_mode(config.wandb.mode)
+    _check_diversity_layers(config)
+    _check_batch_size(config)
+    _check_bleu(config.eval.bleu_tokenize, translation)
+    _check_wandb(config.wandb)
+    _check_paths(config)
