@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+import os
 import re
 import sys
 
 from absl import flags
+
+# absl's and ml_collections' reasons for a value that does not parse -> what the key takes
+_REASONS = (("invalid literal for int()", "expected an integer"),
+            ("could not convert string to float", "expected a number"),
+            ("Non-boolean argument", "expected true or false"))
 
 
 def _override_path(argv: list[str], missing: str) -> str:
@@ -17,16 +24,72 @@ def _override_path(argv: list[str], missing: str) -> str:
     return missing
 
 
+def _unknown_key(argv: list[str], error: Exception) -> str:
+    """ml_collections' KeyError (``'x'`` then ``Did you mean "y" instead of "x"?``, possibly quoted again as a repr)
+    or AttributeError (a sub-key of a value) -> one line with the override's path and the suggestion as a path."""
+    text = str(error.args[0]) if error.args else str(error)
+    while len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":  # repr()s of the message, nested
+        try:
+            text = str(ast.literal_eval(text))
+        except (ValueError, SyntaxError):
+            break
+    lookup = re.search(r"Attempting to lookup: ([\w.]+)", text)
+    if lookup:  # --config.model.num_heads.x: num_heads is a value, not a group of keys
+        parent = lookup.group(1).rsplit(".", 1)[0]
+        return f"unknown config key 'config.{lookup.group(1)}' (config.{parent} is a value, it has no keys)"
+    missing = text.splitlines()[0].strip().strip("\"'") if text.strip() else ""
+    path = _override_path(argv, missing)
+    message = f"unknown config key '{path}'"
+    suggestion = re.search(r'Did you mean "([^"]+)"', text)
+    if suggestion and missing in path.split("."):
+        parts = path.split(".")
+        parts[parts.index(missing)] = suggestion.group(1)
+        message += f"; did you mean '{'.'.join(parts)}'?"
+    return message
+
+
+def _flag_error(error: flags.Error) -> str:
+    """absl's flag error as one line: a config file's own exception (e.g. an unknown preset) by its message, a value
+    that does not parse as ``--key=value: expected <type>``."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if "Error whilst parsing config file" in str(error):
+        flag = re.match(r"flag (--\S+?): ", lines[0])
+        cause = re.sub(r"^\w+(Error|Exception): ", "", lines[-1])
+        return f"{flag.group(1) if flag else '--config'}: {cause}"
+    first = re.sub(r"^flag ", "", lines[0]) if lines else str(error)
+    required = re.match(r"(--\w+)=None: Flag", first)
+    if required:  # absl's message for a required flag left out
+        return f"{required.group(1)} is required"
+    for reason, allowed in _REASONS:
+        if reason in first:
+            return f"{first.split(': ', 1)[0]}: {allowed}"
+    return first
+
+
+def _check_config_file(argv: list[str]) -> None:
+    """``--config FILE[:preset]`` given once, naming an existing file (ml_collections defers a missing file's error
+    to the first use of the config, as a 50-line traceback)."""
+    values = [a.split("=", 1)[1] if "=" in a else (argv[i + 1] if i + 1 < len(argv) else "")
+              for i, a in enumerate(argv) if a == "--config" or a.startswith("--config=")]
+    if len(values) > 1:
+        sys.exit(f"error: --config given {len(values)} times: {', '.join(values)}")
+    path = values[0].split(":", 1)[0] if values else None
+    if path is not None and not os.path.isfile(path):
+        sys.exit(f"error: --config={values[0]}: no such config file '{path}'")
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flags parser for ``app.run(..., flags_parser=parse_flags)``.
 
-    ml_collections reports an unknown ``--config.x.y`` key with a three-exception traceback; this turns it, and any
-    other flag error, into ``error: ...`` on one line and exit code 2, before anything is built or compiled.
+    ml_collections reports an unknown ``--config.x.y`` key with a three-exception traceback, a missing config file
+    only when the config is first used, and a config file's own error (an unknown preset) with its traceback; this
+    turns those, and any other flag error, into ``error: ...`` on one line and a nonzero exit, before anything is built
+    or compiled.
     """
+    _check_config_file(argv[1:])
     try:
         return flags.FLAGS(argv)
     except (KeyError, AttributeError) as e:
-        missing = str(e).strip("\"'")
-        sys.exit(f"error: unknown config key '{_override_path(argv, missing)}'")
+        sys.exit(f"error: {_unknown_key(argv, e)}")
     except flags.Error as e:
-        sys.exit(f"error: {e}")
+        sys.exit(f"error: {_flag_error(e)}")

@@ -13,8 +13,9 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from attn_lab.checks import check_seed
 from attn_lab.cli import parse_flags
-from attn_lab.train.config import validate_config
+from attn_lab.train.config import check_parallel, check_workdirs, validate_config
 from attn_lab.train.parallel import initialize_distributed
 from attn_lab.train.seeds import parse_seeds, seed_workdirs
 from attn_lab.train.trainer import ResumeError, train_seeds
@@ -30,15 +31,20 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax/tfds INFO lines drown the progress bar
-    try:
-        initialize_distributed(_CONFIG.value.parallel)  # multi-host: before any other JAX work
-        validate_config(_CONFIG.value)  # one line naming the bad key, before any data or compilation
-        seeds = parse_seeds(_SEEDS.value) if _SEEDS.value is not None else [_CONFIG.value.seed]
+    config = _CONFIG.value
+    try:  # every check below writes nothing: a bad input stops here, in one line, before any file exists
+        check_parallel(config)  # pure Python, so it can run before jax.distributed starts
+        initialize_distributed(config.parallel)  # multi-host: before any other JAX work
+        validate_config(config)  # every key, path and late option, before any data or compilation
+        seeds = parse_seeds(_SEEDS.value) if _SEEDS.value is not None else [config.seed]
+        for seed in seeds if _SEEDS.value is not None else ():  # config.seed is checked with the config
+            check_seed(seed, "--seeds")
         workdirs = seed_workdirs(_WORKDIR.value, seeds)
+        check_workdirs(workdirs)
     except ValueError as e:
         sys.exit(f"error: {e}")
     try:
-        all_results = train_seeds(_CONFIG.value, workdirs, seeds)
+        all_results = train_seeds(config, workdirs, seeds)
     except (FloatingPointError, ResumeError) as e:  # non-finite loss: the last good checkpoint is kept
         sys.exit(f"error: {e}")
     keys = ("final", "best", "num_params", "steps", "wall_time_sec", "steps_per_sec")
