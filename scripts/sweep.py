@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import sys
 
+from attn_lab.checks import check_seed, check_writable
 from attn_lab.sweep.runner import collect, format_table, override_flags, run_sweep, write_csv
 from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment
 from attn_lab.sweep.wandb_sweep import sweep_definition, trial_from_wandb, write_sweep_yaml
@@ -26,8 +28,13 @@ from attn_lab.train.logging import write_json_atomic
 from attn_lab.train.seeds import parse_seeds
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        sys.exit(f"error: {message}")  # one line, like every other bad input (argparse adds its usage lines)
+
+
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = _Parser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="experiment file, with ':preset' (default quick)")
     p.add_argument("--workdir", required=True)
     p.add_argument("--dry-run", action="store_true", help="list the trials and their overrides, run nothing")
@@ -61,20 +68,43 @@ def select(args: argparse.Namespace, exp: Experiment) -> list[Trial]:
     """The trials this invocation runs: the W&B agent's one trial, or this shard of all of them."""
     if args.wandb_trial:
         return [trial_from_wandb(exp, args.wandb_trial)]
-    index, count = (int(x) for x in args.shard.split("/"))
-    if not 0 <= index < count:
-        raise ValueError(f"--shard {args.shard}: need 0 <= I < N")
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", args.shard)
+    if not match or not int(match.group(1)) < int(match.group(2)):
+        raise ValueError(f"--shard={args.shard!r}: give I/N with 0 <= I < N, e.g. 0/4")
+    index, count = int(match.group(1)), int(match.group(2))
     return exp.trials()[index::count]
+
+
+def _check_workdir(exp: Experiment, workdir: str) -> None:
+    """The sweep folder can be written, and every finished trial's results.json there can be read (a rerun skips
+    those trials and tabulates them at the end)."""
+    check_writable(workdir, "--workdir")
+    for trial in exp.trials():
+        path = os.path.join(workdir, trial.name, "results.json")
+        if not os.path.exists(path):
+            continue
+        try:
+            with open(path) as f:
+                json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path} cannot be read ({type(e).__name__}: {str(e)[:80]}); delete it to rerun the "
+                             "trial") from None
 
 
 def main(argv: list[str]) -> int:
     args, extra = parse(argv)
     try:
+        if args.parallel < 1:
+            raise ValueError(f"--parallel={args.parallel}: give at least 1 trial process")
         exp = load_experiment(args.config)
         if args.seeds:
             exp = dataclasses.replace(exp, seeds=parse_seeds(args.seeds))
+            for seed in exp.seeds:
+                check_seed(seed, "--seeds")
         _check_overrides(exp, extra)
         trials = select(args, exp)
+        if not (args.export_wandb or args.dry_run):
+            _check_workdir(exp, args.workdir)
     except ValueError as e:
         sys.exit(f"error: {e}")
     if args.export_wandb:

@@ -30,7 +30,18 @@ from typing import Any
 
 import ml_collections
 
+from attn_lab.checks import check_seed
+
 KEYS = ("name", "config", "overrides", "grid", "zip", "variants", "seeds", "analyze", "report")
+# key -> (type, what it must be): the shape of what get_experiment returns
+SHAPES: dict[str, tuple[type, str]] = {
+    "name": (str, "a non-empty string"), "config": (str, "a string 'configs/<task>.py[:preset]'"),
+    "overrides": (dict, "a dict {'dotted.key': value}"), "grid": (dict, "a dict {'dotted.key': [values]}"),
+    "zip": ((list, tuple), "a list of dicts {'dotted.key': [values]}"), "variants": (dict, "a dict {'name': {overrides}}"),
+    "seeds": ((list, tuple), "a list of seeds"), "analyze": (dict, "a dict of analyze_heads.py flags"),
+    "report": (str, "a table name"),
+}
+REQUIRED = ("name", "config")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +88,8 @@ def _text(value: Any) -> str:
 def load_config_file(path: str) -> ml_collections.ConfigDict:
     """``'configs/x.py[:arg]'`` -> ``get_config(arg)``, as ml_collections' config flags load it."""
     file, _, arg = path.partition(":")
+    if not os.path.isfile(file):
+        raise ValueError(f"config file not found: {file}")
     spec = importlib.util.spec_from_file_location("_attn_lab_config", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -96,16 +109,13 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
     path, _, preset = spec.partition(":")
     if not os.path.exists(path):
         raise ValueError(f"experiment file not found: {path}")
-    mod_spec = importlib.util.spec_from_file_location("_attn_lab_experiment", path)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    raw = module.get_experiment(preset or "quick")
-    unknown = set(raw) - set(KEYS)
-    if unknown:
-        raise ValueError(f"{path}: unknown experiment key '{sorted(unknown)[0]}'; allowed: {', '.join(KEYS)}")
+    raw = _raw_experiment(path, preset or "quick")
     root = root or os.path.dirname(os.path.dirname(os.path.abspath(path)))
     config_path = os.path.join(root, raw["config"])
-    base = load_config_file(config_path)
+    try:
+        base = load_config_file(config_path)
+    except ValueError as e:
+        raise ValueError(f"{path}: config={raw['config']!r}: {e}") from None
     axes = [[{k: v} for v in _values(path, k, vs)] for k, vs in raw.get("grid", {}).items()]
     for group in raw.get("zip", []):
         lengths = {k: len(_values(path, k, vs)) for k, vs in group.items()}
@@ -120,7 +130,9 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
     variant_keys = [k for ov in variants.values() for k in ov]
     for key in [*raw.get("overrides", {}), *(k for axis in axes for k in axis[0] if k != "variant"), *variant_keys]:
         _check_key(base, key, path)
-    seeds = list(raw.get("seeds", [0])) or _empty(path, "seeds")
+    seeds = _values(path, "seeds", raw.get("seeds", [0]))
+    for seed in seeds:
+        check_seed(seed, f"{path}: seeds")
     exp = Experiment(name=raw["name"], config=config_path, root=root, overrides=dict(raw.get("overrides", {})),
                      axes=axes, seeds=seeds, variants=dict(variants), analyze=dict(raw.get("analyze", {})),
                      report=raw.get("report"))
@@ -131,8 +143,36 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
     return exp
 
 
+def _raw_experiment(path: str, preset: str) -> dict[str, Any]:
+    """``get_experiment(preset)`` of the file, checked for its keys and their types (one line each)."""
+    mod_spec = importlib.util.spec_from_file_location("_attn_lab_experiment", path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    if not callable(getattr(module, "get_experiment", None)):
+        raise ValueError(f"{path}: no get_experiment(preset) function")
+    raw = module.get_experiment(preset)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: get_experiment({preset!r}) must return a dict, got {type(raw).__name__}")
+    unknown = set(raw) - set(KEYS)
+    if unknown:
+        raise ValueError(f"{path}: unknown experiment key '{sorted(unknown)[0]}'; allowed: {', '.join(KEYS)}")
+    missing = [k for k in REQUIRED if k not in raw]
+    if missing:
+        raise ValueError(f"{path}: experiment key '{missing[0]}' is missing; it needs {', '.join(REQUIRED)}")
+    for key, value in raw.items():
+        kind, what = SHAPES[key]
+        if not isinstance(value, kind) or (key == "name" and not value.strip()):
+            raise ValueError(f"{path}: experiment key '{key}' must be {what}, got {value!r}")
+    for key, items in (("zip", raw.get("zip", [])), ("variants", raw.get("variants", {}).values())):
+        if not all(isinstance(item, dict) for item in items):
+            raise ValueError(f"{path}: experiment key '{key}' must be {SHAPES[key][1]}, got {raw[key]!r}")
+    return raw
+
+
 def _values(path: str, key: str, values: Any) -> list:
-    if not isinstance(values, (list, tuple)) or not values:
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"{path}: axis '{key}' must be a list of values, got {values!r}")
+    if not values:
         _empty(path, key)
     return list(values)
 
