@@ -1,0 +1,236 @@
+"""Every bad input stops in one line naming the key, its value and what is allowed, before anything is written.
+
+Table-driven: the config values go through :func:`validate_config` in process (milliseconds each); the CLI path
+(flag parsing, config files, workdirs, sweep flags and experiment files) runs ``scripts/train.py`` and
+``scripts/sweep.py`` as subprocesses, started together because each spends seconds importing.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attn_lab import checks
+from attn_lab.data import load_task
+from attn_lab.data.tasks import is_prepared
+from attn_lab.sweep.spec import load_experiment
+from attn_lab.train.config import validate_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+READ_ONLY = "/sys/attn_lab_test"  # sysfs: not writable even by root (os.access would say it is)
+
+
+def _config(name: str, tmp_path, overrides: dict):
+    spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config("quick")
+    c.task.data_dir, c.compile_cache = str(tmp_path / "data"), str(tmp_path / "cache")
+    for key, value in overrides.items():
+        *path, last = key.split(".")
+        node = c
+        for part in path:
+            node = node[part]
+        node[last] = value
+    return c
+
+
+def _files(root) -> list[str]:
+    return sorted(os.path.join(d, f) for d, dirs, fs in os.walk(root) for f in dirs + fs)
+
+
+LINFORMER = {"model.attention.name": "linformer", "model.kinds.decoder_self.attention": "dense"}
+ZEROS = "0,0,0,0"
+
+# (task config, overrides, what the one line must contain: the key, the value, what is allowed)
+BAD_VALUES = [
+    ("numbers", {"train.grad_clip": -1.0}, "train.grad_clip must be positive (the bound on the global gradient "
+                                           "norm; 0 would stop learning), got -1.0"),
+    ("numbers", {"train.grad_clip": 0.0}, "train.grad_clip must be positive"),
+    ("numbers", {"model.kinds.encoder_self.head_mask": "1,2,1,1"},
+     "model.kinds.encoder_self.head_mask='1,2,1,1': values must be numbers in [0, 1]"),
+    ("numbers", {"model.kinds.cross.head_mask": "a,b,c,d"}, "model.kinds.cross.head_mask='a,b,c,d': values must"),
+    ("numbers", {"model.kinds.cross.head_mask": "1,nan,1,1"}, "model.kinds.cross.head_mask='1,nan,1,1'"),
+    ("numbers", {"model.kinds.cross.head_mask": "1,1"}, "model.kinds.cross.head_mask='1,1' must have 4 values"),
+    ("listops", {"model.kinds.encoder_self.head_mask": ZEROS},
+     "model.kinds.encoder_self.head_mask='0,0,0,0': the head masks mask every attention head of the model"),
+    ("numbers", {f"model.kinds.{k}.head_mask": ZEROS for k in ("encoder_self", "decoder_self", "cross")},
+     "model.kinds.cross.head_mask='0,0,0,0': the head masks mask every attention head"),
+    ("numbers", {"train.weight_decay": -5.0}, "train.weight_decay must be >= 0, got -5.0"),
+    ("numbers", {"heads.gates.lr": -1.0}, "heads.gates.lr must be positive, got -1.0"),
+    ("numbers", {"heads.gates.dual_lr": 0.0}, "heads.gates.dual_lr must be positive, got 0.0"),
+    ("numbers", {"heads.gates.l0": -1.0}, "heads.gates.l0 must be >= 0, got -1.0"),
+    ("numbers", {"heads.gates.enabled": True, "heads.gates.target": 1.5},
+     "heads.gates.target must be in (0, 1] (the share of heads to keep), got 1.5"),
+    ("numbers", {"heads.gates.anneal": 2.0}, "heads.gates.anneal must be in [0, 1]"),
+    ("numbers", {"heads.gates.target": 0.5}, "heads.gates.l0 / heads.gates.target need heads.gates.enabled=True"),
+    ("numbers", {"train.learning_rate": float("inf")}, "train.learning_rate must be finite, got inf"),
+    ("numbers", {"train.learning_rate": float("nan")}, "train.learning_rate must be finite, got nan"),
+    ("numbers", {"train.learning_rate": 0.0}, "train.learning_rate must be positive, got 0.0"),
+    ("numbers", {"loss.diversity.output.weight": float("inf")}, "loss.diversity.output.weight must be finite"),
+    ("listops", {"model.attention.name": "performer", "model.attention.performer.num_features": 0},
+     "model.attention.performer: "),
+    ("numbers", {"loss.diversity.layers": "5"}, "loss.diversity.layers='5': layer 5 does not exist"),
+    ("numbers", {"seed": -1}, "seed must be in [0, 2**32 - 1], got -1"),
+    ("numbers", {"seed": 2**32}, "seed must be in [0, 2**32 - 1], got 4294967296"),
+    ("numbers", {"model.dropout": 1.0}, "model.dropout must be in [0, 1), got 1.0"),
+    ("numbers", {"model.attention_dropout": -0.1}, "model.attention_dropout must be in [0, 1), got -0.1"),
+    ("numbers", {"train.label_smoothing": 1.5}, "train.label_smoothing must be in [0, 1), got 1.5"),
+    ("numbers", {"model.num_layers": 0}, "model.num_layers must be positive, got 0"),
+    ("numbers", {"model.num_kv_heads": 0}, "model.num_kv_heads must be positive, got 0"),
+    ("numbers", {"model.kinds.cross.num_kv_heads": -2}, "model.kinds.cross.num_kv_heads must be positive, got -2"),
+    ("numbers", {"train.warmup_steps": -1}, "train.warmup_steps must be >= 0, got -1"),
+    ("numbers", {"train.max_eval_batches": 0}, "train.max_eval_batches must be positive, got 0"),
+    ("numbers", {"train.checkpoint_every": 0}, "train.checkpoint_every must be positive, got 0"),
+    ("numbers", {"train.batch_size": 100000}, "train.batch_size=100000 exceeds the training split of task 'numbers' "
+                                              "(at most 8000 examples"),
+    ("listops", {"task.num_train": 10}, "train.batch_size=32 exceeds the training split of task 'listops'"),
+    ("numbers", {"eval.bleu_tokenize": "bogus"}, "eval.bleu_tokenize='bogus' is not one of sacrebleu's tokenizers: "),
+    ("numbers", {**LINFORMER, "model.attention.linformer.max_len": 32},
+     "model.attention.linformer.max_len=32 is shorter than the encoder_self keys of this task (up to 64 tokens"),
+    ("listops", {"model.attention.name": "linformer", "model.attention.linformer.max_len": 60},
+     "model.attention.linformer.max_len=60 is shorter than the encoder_self keys of this task (up to 64 tokens"),
+    ("numbers", {"parallel.process_id": 1}, "parallel.process_id=1 needs parallel.distributed=True"),
+    ("numbers", {"parallel.num_processes": 0}, "parallel.num_processes must be positive, got 0"),
+    ("numbers", {"wandb.project": " "}, "wandb.project must be non-empty, got ' '"),
+    ("numbers", {"wandb.mode": "bogus"}, "wandb.mode='bogus'"),
+    ("numbers", {"model.norm": "mid"}, "model.norm='mid' is not one of: pre, post"),
+    ("numbers", {"task.split_seed": -1}, "task.split_seed must be an integer >= 0, got -1"),
+    ("numbers", {"task.max_input_length": 0}, "task.max_input_length must be a positive integer, got 0"),
+    ("numbers", {"train.init_from": "/nonexistent/run"}, "train.init_from='/nonexistent/run' is not a run folder"),
+    ("numbers", {"compile_cache": READ_ONLY}, f"compile_cache='{READ_ONLY}': /sys is not writable ('' turns"),
+    ("numbers", {"task.data_dir": READ_ONLY}, f"task.data_dir='{READ_ONLY}': /sys is not writable, and task "
+                                              "'numbers' is not prepared there"),
+    ("numbers", {"task.data_dir": "{tmp}/a_file/data"}, "task.data_dir='{tmp}/a_file/data': {tmp}/a_file is a file"),
+]
+
+
+@pytest.mark.parametrize("task,overrides,message", BAD_VALUES, ids=[str(list(o.items())[-1]) for _, o, _ in BAD_VALUES])
+def test_bad_config_values_are_one_line_and_write_nothing(tmp_path, task, overrides, message):
+    (tmp_path / "a_file").write_text("")
+    overrides = {k: v.replace("{tmp}", str(tmp_path)) if isinstance(v, str) else v for k, v in overrides.items()}
+    config = _config(task, tmp_path, overrides)
+    with pytest.raises(ValueError) as info:
+        validate_config(config)
+    assert message.replace("{tmp}", str(tmp_path)) in str(info.value)
+    assert "\n" not in str(info.value)
+    assert _files(tmp_path) == [str(tmp_path / "a_file")]  # no data, cache or probe file left behind
+
+
+def test_the_shipped_configs_still_validate(tmp_path):
+    for name in ("numbers", "listops"):
+        validate_config(_config(name, tmp_path, {}))
+    assert not os.listdir(tmp_path)
+
+
+def test_a_prepared_dataset_on_a_read_only_path_is_read_without_writing(tmp_path, monkeypatch):
+    """Reading a prepared dataset opens no lock file and writes nothing, so validation accepts a read-only data
+    folder that holds it (and rejects one that does not)."""
+    data = tmp_path / "data"
+    assert not is_prepared({"name": "numbers", "max_value": 199}, str(data)) and not data.exists()
+    load_task({"name": "numbers", "max_value": 199}, str(data))
+    for lock in data.glob(".*.lock"):
+        lock.unlink()
+    before = {f: os.stat(f).st_mtime_ns for f in _files(data)}
+    real = checks._can_write
+    monkeypatch.setattr(checks, "_can_write", lambda folder: not folder.startswith(str(data)) and real(folder))
+    validate_config(_config("numbers", tmp_path, {"task.max_value": 199, "train.batch_size": 16}))
+    task = load_task({"name": "numbers", "max_value": 199}, str(data))
+    assert task.num_examples("train") == 160
+    assert {f: os.stat(f).st_mtime_ns for f in _files(data)} == before  # no lock file, nothing touched
+    with pytest.raises(ValueError, match=r"task.data_dir='.*' is not writable, and task 'numbers' is not prepared"):
+        validate_config(_config("numbers", tmp_path, {"task.max_value": 299}))
+
+
+def _run_all(commands: list[list[str]], cwd: str) -> list[subprocess.CompletedProcess]:
+    """Runs the commands concurrently (most of each is importing)."""
+    procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
+    return [subprocess.CompletedProcess(p.args, p.wait(timeout=300), *p.communicate()) for p in procs]
+
+
+TRAIN = [sys.executable, os.path.join(ROOT, "scripts", "train.py")]
+QUICK = ["--config", os.path.join(ROOT, "configs", "numbers.py:quick")]
+# (arguments after scripts/train.py; '{w}' is the workdir, '{tmp}' the test folder), what the one line says
+BAD_TRAIN_FLAGS = [
+    (["--config", "configs/nope.py", "--workdir", "{w}"], "--config=configs/nope.py: no such config file"),
+    (["--config", os.path.join(ROOT, "configs", "numbers.py:nope"), "--workdir", "{w}"],
+     "numbers.py:nope: unknown preset 'nope' for configs/numbers.py; use '' or 'quick'"),
+    ([*QUICK, "--workdir", "{w}", "--config.model.num_head=3"],
+     "unknown config key 'config.model.num_head'; did you mean 'config.model.num_heads'?"),
+    ([*QUICK, "--workdir", "{w}", "--config.model.kinds.cross.head_mask=a,b,c,d"],
+     "model.kinds.cross.head_mask='a,b,c,d': values must be numbers in [0, 1]"),
+    ([*QUICK, "--workdir", "{w}", "--config.train.grad_clip=x"], "--config.train.grad_clip=x: expected a number"),
+    ([*QUICK, "--workdir", "{w}", "--config.train.grad_clip=-1"], "train.grad_clip must be positive"),
+    ([*QUICK, "--workdir", "{tmp}/a_file"], "--workdir='{tmp}/a_file' is a file, not a folder"),
+    ([*QUICK, "--workdir", "{w}/{{seed}}", "--seeds", "0,-1"], "--seeds must be an integer in [0, 2**32 - 1], got -1"),
+]
+
+
+def test_bad_train_command_lines_are_one_line_and_write_nothing(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    fill = lambda a: a.replace("{w}", str(tmp_path / "w")).replace("{tmp}", str(tmp_path))
+    commands = [TRAIN + [fill(a) for a in args] + [f"--config.task.data_dir={tmp_path / 'data'}"]
+                for args, _ in BAD_TRAIN_FLAGS]
+    for (args, message), proc in zip(BAD_TRAIN_FLAGS, _run_all(commands, ROOT)):
+        assert proc.returncode != 0, args
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), (args, proc.stderr)
+        assert fill(message) in proc.stderr, (args, proc.stderr)
+    assert _files(tmp_path) == [str(tmp_path / "a_file")]
+
+
+def _experiment(tmp_path, name: str, body: str) -> str:
+    (tmp_path / "experiments").mkdir(exist_ok=True)
+    path = tmp_path / "experiments" / f"{name}.py"
+    path.write_text(f"def get_experiment(preset='quick'):\n    return {body}\n")
+    return str(path)
+
+
+SPEC = "'config': 'configs/numbers.py:quick'"
+BAD_EXPERIMENTS = [
+    ("noname", "{" + SPEC + "}", "experiment key 'name' is missing; it needs name, config"),
+    ("scalar", "{'name': 'x', " + SPEC + ", 'grid': {'model.num_heads': 4}}",
+     "axis 'model.num_heads' must be a list of values, got 4"),
+    ("empty", "{'name': 'x', " + SPEC + ", 'grid': {'model.num_heads': []}}", "axis 'model.num_heads' is empty"),
+    ("seeds", "{'name': 'x', " + SPEC + ", 'seeds': [0, -1]}", "seeds must be an integer in [0, 2**32 - 1], got -1"),
+    ("nobase", "{'name': 'x', 'config': 'configs/nope.py'}", "config='configs/nope.py': config file not found"),
+    ("shape", "{'name': 'x', " + SPEC + ", 'grid': [1]}", "experiment key 'grid' must be a dict"),
+]
+
+
+@pytest.mark.parametrize("name,body,message", BAD_EXPERIMENTS, ids=[b[0] for b in BAD_EXPERIMENTS])
+def test_bad_experiment_files_are_one_line(tmp_path, name, body, message):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "numbers.py").symlink_to(os.path.join(ROOT, "configs", "numbers.py"))
+    with pytest.raises(ValueError) as info:
+        load_experiment(_experiment(tmp_path, name, body))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_sweep_command_lines_are_one_line_and_write_nothing(tmp_path):
+    """Bad sweep flags, a bad experiment file and a finished trial's truncated results.json stop the sweep in one
+    line before it writes anything."""
+    good = _experiment(tmp_path, "good", "{'name': 'x', " + SPEC + ", 'grid': {'model.num_heads': [2, 4]}}")
+    noname = _experiment(tmp_path, "noname", "{" + SPEC + "}")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "numbers.py").symlink_to(os.path.join(ROOT, "configs", "numbers.py"))
+    runs = tmp_path / "runs"
+    (runs / "num_heads=2,seed=0").mkdir(parents=True)
+    (runs / "num_heads=2,seed=0" / "results.json").write_text('{"final": {"te')
+    before = _files(tmp_path)
+    sweep = [sys.executable, os.path.join(ROOT, "scripts", "sweep.py")]
+    new = str(tmp_path / "new")
+    cases = [
+        (["--config", good, "--workdir", new, "--shard", "x"], "--shard='x': give I/N with 0 <= I < N"),
+        (["--config", good, "--workdir", new, "--shard", "3"], "--shard='3': give I/N with 0 <= I < N"),
+        (["--config", good, "--workdir", new, "--parallel", "x"], "argument --parallel: invalid int value: 'x'"),
+        (["--config", noname, "--workdir", new], "experiment key 'name' is missing"),
+        (["--config", good, "--workdir", str(runs)], "num_heads=2,seed=0/results.json cannot be read"),
+        (["--config", good, "--workdir", str(tmp_path / "experiments" / "good.py")], "is a file, not a folder"),
+    ]
+    for (args, message), proc in zip(cases, _run_all([sweep + a for a, _ in cases], ROOT)):
+        assert proc.returncode != 0, args
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), (args, proc.stderr)
+        assert message in proc.stderr, (args, proc.stderr)
+    assert _files(tmp_path) == before
