@@ -37,7 +37,8 @@ KEYS = ("name", "config", "overrides", "grid", "zip", "variants", "seeds", "anal
 SHAPES: dict[str, tuple[type, str]] = {
     "name": (str, "a non-empty string"), "config": (str, "a string 'configs/<task>.py[:preset]'"),
     "overrides": (dict, "a dict {'dotted.key': value}"), "grid": (dict, "a dict {'dotted.key': [values]}"),
-    "zip": ((list, tuple), "a list of dicts {'dotted.key': [values]}"), "variants": (dict, "a dict {'name': {overrides}}"),
+    "zip": ((list, tuple), "a list of dicts {'dotted.key': [values]}"),
+    "variants": (dict, "a dict {'name': {overrides}}"),
     "seeds": ((list, tuple), "a list of seeds"), "analyze": (dict, "a dict of analyze_heads.py flags"),
     "report": (str, "a table name"),
 }
