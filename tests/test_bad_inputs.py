@@ -109,6 +109,8 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize("task,overrides,message", BAD_VALUES, ids=[str(list(o.items())[-1]) for _, o, _ in BAD_VALUES])
 def test_bad_config_values_are_one_line_and_write_nothing(tmp_path, task, overrides, message):
+    if READ_ONLY in overrides.values() and (not os.path.isdir("/sys") or checks._can_write("/sys")):
+        pytest.skip("no read-only /sys here")
     (tmp_path / "a_file").write_text("")
     overrides = {k: v.replace("{tmp}", str(tmp_path)) if isinstance(v, str) else v for k, v in overrides.items()}
     config = _config(task, tmp_path, overrides)
