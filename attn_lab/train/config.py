@@ -218,8 +218,8 @@ def _build_kernel(m: Any, kind: str, kv: int) -> tuple[str, Any]:
     name, _ = validate_spec(spec, where="model.attention" if over.attention is None
                             else f"model.kinds.{kind}.attention")
     try:  # compile nothing
-        kernel = build_kernel(spec, num_heads=m.num_heads, num_kv_heads=kv,
-                              head_dim=m.head_dim or m.d_model // m.num_heads, rngs=nnx.Rngs(0))
+        kernel = build_kernel(spec, num_heads=m.num_heads, num_kv_heads=kv,  # dtype: an explicit 'cudnn' needs bf16
+                              head_dim=m.head_dim or m.d_model // m.num_heads, rngs=nnx.Rngs(0), dtype=m.dtype)
     except (ValueError, TypeError) as e:
         raise ValueError(f"model.attention.{name}: {e}") from None
     try:
