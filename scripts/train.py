@@ -3,8 +3,10 @@
   python scripts/train.py --config configs/numbers.py:quick --workdir runs/x --config.model.num_heads=8
   python scripts/train.py --config configs/numbers.py:quick --workdir 'runs/x/seed={seed}' --seeds 0,1,2
 
-Running the same command again on the same workdir resumes from its last checkpoint. ``--seeds`` trains several
-seeds in one vmapped program, each written to its own folder exactly as a separate run would be.
+Running the same command again on the same workdir resumes from its last checkpoint; on a finished run (it has
+results.json) it says so and exits 0, writing nothing. ``--reevaluate`` evaluates the newest checkpoint again into
+``results.reeval-<time>.json`` (results.json and metrics.jsonl stay as the run wrote them). ``--seeds`` trains
+several seeds in one vmapped program, each written to its own folder exactly as a separate run would be.
 """
 
 import json
@@ -18,12 +20,15 @@ from attn_lab.cli import parse_flags
 from attn_lab.train.config import check_parallel, check_workdirs, validate_config
 from attn_lab.train.parallel import initialize_distributed
 from attn_lab.train.seeds import parse_seeds, seed_workdirs
-from attn_lab.train.trainer import ResumeError, train_seeds
+from attn_lab.train.trainer import reevaluate_seeds, train_seeds
+from attn_lab.train.workdir import RunError, finished_results
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, optionally with ':preset'.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (metrics, checkpoints, W&B, results.json).")
 _SEEDS = flags.DEFINE_string("seeds", None, "Comma-separated seeds trained together (jax.vmap); the workdir "
                              "must then contain {seed}. Default: config.seed alone.")
+_REEVALUATE = flags.DEFINE_bool("reevaluate", False, "Evaluate the newest checkpoint again (validation and test) into "
+                                "<workdir>/results.reeval-<time>.json; results.json and metrics.jsonl are not touched.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -44,12 +49,18 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         sys.exit(f"error: {e}")
     try:
+        if _REEVALUATE.value:
+            for path in reevaluate_seeds(config, workdirs, seeds):
+                print(f"wrote {path}")
+            return 0
+        finished = [finished_results(w) is not None for w in workdirs]  # said by the trainer, not printed again
         all_results = train_seeds(config, workdirs, seeds)
-    except (FloatingPointError, ResumeError) as e:  # non-finite loss: the last good checkpoint is kept
+    except (FloatingPointError, RunError) as e:  # non-finite loss: the last good checkpoint is kept
         sys.exit(f"error: {e}")
     keys = ("final", "best", "num_params", "steps", "wall_time_sec", "steps_per_sec")
-    for workdir, results in zip(workdirs, all_results):
-        print(json.dumps({"workdir": workdir, **{k: results[k] for k in keys if k in results}}, indent=2))
+    for workdir, results, done in zip(workdirs, all_results, finished):
+        if not done:
+            print(json.dumps({"workdir": workdir, **{k: results[k] for k in keys if k in results}}, indent=2))
     return 0
 
 

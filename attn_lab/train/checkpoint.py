@@ -10,10 +10,56 @@ store the raw ``uint32`` key data instead and rebuild the key on restore::
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import pathlib
-from typing import Any
+import sys
+import time
+from typing import Any, Iterator
 
 import orbax.checkpoint as ocp
+
+from attn_lab.train.workdir import RunError, describe
+
+CORRUPT = ".corrupt-"  # '<step>.corrupt-<time>': a step set aside; orbax lists only integer names, so it is ignored
+
+
+def _drop_abandoned_reads() -> None:
+    """A failed restore leaves TensorStore reads in flight; when they complete, their callbacks hit orbax's closed
+    event loop and Python prints each as an unraisable 'RuntimeError: Event loop is closed' traceback -- dozens of
+    them, up to a second after the one-line report. From the first restore attempt on, those and only those are
+    dropped; every other unraisable error still goes to the previous hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_abandoned_reads", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.drops_abandoned_reads = True
+    sys.unraisablehook = hook
+
+
+class CheckpointError(RunError):
+    """No checkpoint a run could resume from is intact."""
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Orbax and its async readers log every failed array of an unreadable checkpoint (hundreds of lines); the
+    caller reports the failure in one line instead, so their loggers are muted for the attempt."""
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio", "orbax", "jax")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 class Checkpointer:
@@ -46,6 +92,14 @@ class Checkpointer:
                 cleanup_tmp_directories=True,
             ),
         )
+
+    @property
+    def directory(self) -> str:
+        return str(self._manager.directory)
+
+    def reload(self) -> None:
+        """Lists the steps on disk again (another process set one aside)."""
+        self._manager.reload()
 
     def latest_step(self) -> int | None:
         """Return the newest fully written step, or None if there is none (fresh run)."""
@@ -86,6 +140,31 @@ class Checkpointer:
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self._manager.directory}")
         return self._manager.restore(step, args=ocp.args.StandardRestore(state_like))
+
+    def try_restore(self, state_like: Any, step: int) -> tuple[Any, str | None]:
+        """:meth:`restore` that reports a checkpoint it cannot read instead of raising.
+
+        Returns:
+            ``(state, None)``, or ``(None, reason)`` with ``reason`` = ``'<ExceptionName>: <first line>'`` when the
+            step is unreadable (a truncated or missing file, a torn metadata file, a shape mismatch).
+        """
+        _drop_abandoned_reads()
+        try:
+            with _quiet():
+                return self.restore(state_like, step), None
+        except Exception as e:  # noqa: BLE001 (orbax and tensorstore raise many kinds; all mean 'unreadable')
+            while e.__cause__ is not None:  # orbax wraps the reader's error ("see full TensorStore details")
+                e = e.__cause__
+            return None, describe(e)
+
+    def set_aside(self, step: int) -> str:
+        """Renames step ``step`` to ``<step>.corrupt-<time>`` and forgets it: never deleted, no longer listed, and
+        a later save of the same step does not collide with it. Returns the new folder's name."""
+        folder = pathlib.Path(self._manager.directory) / str(step)
+        name = f"{step}{CORRUPT}{time.strftime('%Y%m%d-%H%M%S')}"
+        os.rename(folder, folder.with_name(name))
+        self._manager.reload()
+        return name
 
     def close(self) -> None:
         """Wait for pending work and release Orbax resources (threads)."""

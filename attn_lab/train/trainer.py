@@ -27,7 +27,7 @@ from attn_lab.environment import environment
 from attn_lab.models import build_model, count_params
 from attn_lab.models.gates import binary_gates
 from attn_lab.train import metrics as metrics_lib
-from attn_lab.train.checkpoint import Checkpointer
+from attn_lab.train.checkpoint import CheckpointError, Checkpointer
 from attn_lab.train.config import validate_config
 from attn_lab.train.decode import compile_decode, supports_cached_decoding
 from attn_lab.train.logging import METRICS_FILE, MetricLogger, write_json_atomic
@@ -35,10 +35,16 @@ from attn_lab.train.parallel import DataParallel, main_process_first
 from attn_lab.train.prefetch import Prefetcher
 from attn_lab.train.seeds import seed_map, stack, stack_batches, unstack
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
+from attn_lab.train.workdir import (RESULTS_FILE, TRAINING_FILE, RunError, describe, finished_results, lock_workdirs,
+                                    read_record)
 
 
-class ResumeError(RuntimeError):
+class ResumeError(RunError):
     """The seeds' checkpoints share no step to resume from (their folders were edited by hand)."""
+
+
+class TaskError(RunError):
+    """The task's data cannot be loaded, or its training split is smaller than one batch."""
 
 
 class Run:
@@ -49,14 +55,28 @@ class Run:
     metrics.jsonl, W&B run, checkpoints and results.json, exactly as a separate run writes them.
     """
 
-    def __init__(self, config: Any, workdirs: str | Sequence[str], seeds: Sequence[int] | None = None):
+    def __init__(self, config: Any, workdirs: str | Sequence[str], seeds: Sequence[int] | None = None, *,
+                 log: bool = True):
+        """``log=False``: no metrics.jsonl or W&B run is opened (a re-evaluation writes neither)."""
         self.workdirs = [workdirs] if isinstance(workdirs, str) else list(workdirs)
         self.seeds = [int(config.seed)] if seeds is None else list(seeds)
         self.configs = [_with_seed(config, s, len(self.seeds)) for s in self.seeds]
         self.config, self.main = config, jax.process_index() == 0
         self.parallel = DataParallel(config.parallel.shard_params)
         self.parallel.check_batch_size(config.train.batch_size)
-        self.task = main_process_first(lambda: load_task(config.task, config.task.data_dir), "attn_lab_data")
+        self.task = _load_task(config)
+        # Folders are made (and locked) only once the data loaded: a failed load leaves nothing behind. With several
+        # processes on one shared folder, process 0 holds the lock for all of them.
+        self.locks = lock_workdirs(self.workdirs) if self.main else []
+        self.ckpts, self.loggers = [], []
+        try:
+            self._build(config, log)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, config: Any, log: bool) -> None:
+        """Models, compiled steps, the restored (or initialized) state and the loggers."""
         max_len = max(self.task.max_input_length, self.task.max_target_length or 0) + 1
         models = [build_model(config.model, kind=self.task.kind, vocab_size=self.task.vocab.size, max_len=max_len,
                               num_classes=self.task.num_classes, seed=s, gates=config.heads.gates)
@@ -77,7 +97,7 @@ class Run:
         states = [init_state(nnx.to_pure_dict(nnx.state(m, nnx.Param)), model_state(m), tx, s)
                   for m, s in zip(models, self.seeds)]
         self.ckpts = [Checkpointer(os.path.join(w, "checkpoints")) for w in self.workdirs]
-        states, self.start_step = _restore(self.ckpts, states)
+        states, self.start_step = _restore(self.ckpts, states, self.main)
         if config.train.init_from and not self.start_step:
             states = _init_from(config.train.init_from, states, self.main)
         self.state = self.parallel.state(stack(states))  # replicated (or FSDP-sharded) over the devices
@@ -85,7 +105,7 @@ class Run:
         self.loggers = [MetricLogger(w, c.to_dict() | {"environment": self.environment}, mode=c.wandb.mode,
                                      project=c.wandb.project, group=c.wandb.group, tags=tuple(c.wandb.tags),
                                      name=c.wandb.name, resume_step=self.start_step, is_main_process=self.main)
-                        for w, c in zip(self.workdirs, self.configs)]
+                        for w, c in zip(self.workdirs, self.configs)] if log else []
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Logs seed i's slice of each ``[S]`` metric to seed i's logger."""
@@ -136,8 +156,30 @@ class Run:
         return {k: f._cache_size() for k, f in fns.items() if f is not None}
 
     def close(self) -> None:
-        for closable in [*self.loggers, *self.ckpts]:
-            closable.close()
+        """Closes the loggers and checkpointers, then releases the workdir locks (also after a failed start)."""
+        try:
+            for closable in [*self.loggers, *self.ckpts]:
+                closable.close()
+        finally:
+            for lock in self.locks:
+                lock.release()
+
+
+def _load_task(config: Any) -> Any:
+    """The task's data (prepared the first time), checked against the batch size -- for tasks whose training split
+    is only known once loaded (bible, sentiment without a limit, tfds:) -- or a one-line :class:`TaskError`."""
+    name = config.task.name
+    try:
+        task = main_process_first(lambda: load_task(config.task, config.task.data_dir), "attn_lab_data")
+    except ValueError as e:  # the data modules' own one-line errors (offline, no such dataset, ...)
+        raise TaskError(str(e)) from e
+    except Exception as e:  # noqa: BLE001 (preparation fails in many ways: network, disk, a bad source)
+        raise TaskError(f"task '{name}': its data could not be loaded ({describe(e)})") from e
+    batch, examples = config.train.batch_size, task.num_examples("train")
+    if batch > examples:
+        raise TaskError(f"train.batch_size={batch} exceeds the training split of task '{name}' ({examples} "
+                        "examples); lower it")
+    return task
 
 
 def use_compile_cache(path: str | None) -> None:
@@ -158,17 +200,46 @@ def _with_seed(config: Any, seed: int, num_seeds: int) -> Any:
     return c
 
 
-def _restore(ckpts: list[Checkpointer], states: list[dict]) -> tuple[list[dict], int]:
-    """Each seed's state at the newest step every seed has a checkpoint of (seeds save together), or fresh."""
+def _restore(ckpts: list[Checkpointer], states: list[dict], main: bool) -> tuple[list[dict], int]:
+    """Each seed's state at the newest step every seed has an intact checkpoint of (seeds save together), or fresh.
+
+    A step some seed cannot read (a truncated or missing file) is set aside as ``<step>.corrupt-<time>`` -- kept,
+    never deleted -- with one line saying so, and the run resumes from the next older common step. When no common
+    step can be read (all damaged, or a changed config: then every step fails) the run stops with one line and
+    nothing is renamed.
+    """
     have = [set(c.all_steps()) for c in ckpts]
     if not any(have):
         return states, 0
-    common = set.intersection(*have)
+    common = sorted(set.intersection(*have), reverse=True)
     if not common:
         raise ResumeError(f"the seeds' checkpoints share no step ({[sorted(h) for h in have]}); "
                           "delete the checkpoints folders to start again")
-    step = max(common)
-    return [c.restore(s, step) for c, s in zip(ckpts, states)], step
+    unreadable: list[tuple[Checkpointer, int, str]] = []
+    for step in common:
+        attempts = [c.try_restore(s, step) for c, s in zip(ckpts, states)]
+        unreadable += [(c, step, reason) for c, (_, reason) in zip(ckpts, attempts) if reason]
+        if not any(reason for _, reason in attempts):
+            _set_aside(unreadable, step, main)
+            return [state for state, _ in attempts], step
+    found = "; ".join(f"step {s} in {c.directory}: {reason}" for c, s, reason in unreadable)
+    raise CheckpointError(f"no checkpoint to resume from can be read ({found}): damaged, or written with another "
+                          "config; move the checkpoints folder away to start again")
+
+
+def _set_aside(unreadable: list[tuple[Checkpointer, int, str]], step: int, main: bool) -> None:
+    """Renames the unreadable steps (process 0; the others list the folder again once it has) and says so."""
+    for ckpt, bad, reason in unreadable:
+        if main:
+            name = ckpt.set_aside(bad)
+            print(f"checkpoint step {bad} in {ckpt.directory} is unreadable ({reason}); set aside as {name}, "
+                  f"resuming from step {step}", flush=True)
+    if unreadable and jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("attn_lab_set_aside")
+        for ckpt, _, _ in unreadable:
+            ckpt.reload()
 
 
 def _init_from(path: str, states: list[dict], verbose: bool) -> list[dict]:
@@ -304,7 +375,8 @@ def _train_loop(run: Run, stop_after: int | None, prefetch: int = 2) -> LoopStat
                     desc="train", dynamic_ncols=True)
     stats, window, first_window = LoopStats(run.start_step), _Window(), True
     read, place = _batch_reader(run, datasets)
-    with Prefetcher(read, range(run.start_step + 1, end + 1), depth=prefetch) as batches:
+    # The bar closes on errors too, so its last redraw comes before the error line, not after it at exit.
+    with bar, Prefetcher(read, range(run.start_step + 1, end + 1), depth=prefetch) as batches:
         for step, batch in batches:
             called = time.perf_counter()
             run.state, m = run.train_step(run.state, place(batch))
@@ -335,7 +407,6 @@ def _train_loop(run: Run, stop_after: int | None, prefetch: int = 2) -> LoopStat
             if save:
                 run.save(step)
             window.resume()
-    bar.close()
     return stats
 
 
@@ -348,7 +419,8 @@ def train_and_evaluate(config: Any, workdir: str, *, stop_after: int | None = No
       stop_after: stop (with a checkpoint) after this step, as an interruption would; for resume tests.
 
     Returns:
-      The results dict (also in ``workdir/results.json`` when training reached ``num_steps``).
+      The results dict (also in ``workdir/results.json`` when training reached ``num_steps``); for a run that had
+      already finished, its results.json, untouched.
     """
     return train_seeds(config, [workdir], [int(config.seed)], stop_after=stop_after)[0]
 
@@ -358,12 +430,66 @@ def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *,
     """Trains ``config`` once per seed, all seeds in one vmapped program; seed i writes into ``workdirs[i]``.
 
     Each folder ends up as a separate run with that seed would leave it (metrics.jsonl, W&B run, checkpoints,
-    results.json); results also record ``seeds_vectorized``, the number of seeds that shared the program.
+    results.json); results also record ``seeds_vectorized``, the number of seeds that shared the program. A folder
+    whose run already finished (it has results.json) is left untouched -- no file written, no W&B run started -- and
+    its results.json is returned: what a finished run wrote is never rewritten by a rerun.
     """
     validate_config(config)
-    use_compile_cache(config.get("compile_cache"))
+    results = [finished_results(w) for w in workdirs]
+    for workdir, done in zip(workdirs, results):
+        if done is not None and jax.process_index() == 0:
+            print(f"{workdir}: finished at step {done['steps']} ({RESULTS_FILE}); nothing to do", flush=True)
+    todo = [i for i, done in enumerate(results) if done is None]
+    if todo:
+        trained = _train(config, [workdirs[i] for i in todo], [seeds[i] for i in todo], stop_after)
+        for i, result in zip(todo, trained):
+            results[i] = result
+    return results
+
+
+def reevaluate_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int]) -> list[str]:
+    """Evaluates each run's newest intact checkpoint again (validation and test, with this config's evaluation
+    settings) into ``results.reeval-<time>.json`` beside its results.json; writes nothing else -- no metrics.jsonl
+    line, no W&B run, no results.json. Returns the files written.
+
+    Raises:
+      RunError: a folder has no checkpoint.
+    """
+    validate_config(config)
     for w in workdirs:
-        os.makedirs(w, exist_ok=True)
+        if not os.path.isdir(os.path.join(w, "checkpoints")):
+            raise RunError(f"{w} has no checkpoints to re-evaluate")
+    use_compile_cache(config.get("compile_cache"))
+    run = Run(config, workdirs, seeds, log=False)
+    try:
+        if not run.start_step:
+            raise RunError(f"{run.workdirs[0]}/checkpoints holds no checkpoint to re-evaluate")
+        scores = {split: run.evaluate(split) for split in ("validation", "test")}
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        paths = [_new_file(os.path.join(w, f"results.reeval-{stamp}"), ".json") for w in run.workdirs]
+        for i, (w, path) in enumerate(zip(run.workdirs, paths)):
+            record = {"step": run.start_step, "finished": os.path.exists(os.path.join(w, RESULTS_FILE)),
+                      "final": {split: scores[split][i] for split in scores}, "reevaluated_at": stamp,
+                      "environment": run.environment, "config": run.configs[i].to_dict()}
+            if run.main:
+                write_json_atomic(path, record)
+        return paths
+    finally:
+        run.close()
+
+
+def _new_file(stem: str, suffix: str) -> str:
+    """``stem + suffix``, or ``stem-2 + suffix``, ...: a name no earlier re-evaluation holds."""
+    path, n = stem + suffix, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{stem}-{n}{suffix}"
+    return path
+
+
+def _train(config: Any, workdirs: list[str], seeds: list[int], stop_after: int | None) -> list[dict]:
+    """:func:`train_seeds` for folders whose run has not finished."""
+    use_compile_cache(config.get("compile_cache"))
     start = time.time()
     run = Run(config, workdirs, seeds)
     try:
@@ -381,13 +507,40 @@ def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *,
         step = stats.step
         if step < config.train.num_steps:
             return [{"step": step, "finished": False} for _ in run.seeds]
+        trainings, tested_from = _training_records(run, stats, start), time.time()
         tests = run.evaluate("test")
-        common = {"num_params": run.num_params, "steps": step, "compilations": run.compilations(),
-                  "wall_time_sec": time.time() - start, **_speed(stats, step - run.start_step),
-                  "seeds_vectorized": len(run.seeds), "environment": run.environment}
-        return [_finish(run, i, step, test, common) for i, test in enumerate(tests)]
+        return [_finish(run, i, step, test, trainings[i] | {"environment": run.environment}, tested_from)
+                for i, test in enumerate(tests)]
     finally:
         run.close()
+
+
+def _training_records(run: Run, stats: LoopStats, start: float) -> list[dict]:
+    """Per seed, what training measured: written to training.json (before the final test) by a process that trained
+    up to the last step; read back by one that only finishes the final test, because the process that trained was
+    stopped during it -- so results.json gets the original run's speed, not this process's (which trained nothing)."""
+    if run.start_step < stats.step:
+        record = {"num_params": run.num_params, "steps": stats.step, "compilations": run.compilations(),
+                  "wall_time_sec": time.time() - start, **_speed(stats, stats.step - run.start_step),
+                  "seeds_vectorized": len(run.seeds)}
+        if run.main:
+            for w in run.workdirs:
+                write_json_atomic(os.path.join(w, TRAINING_FILE), record)
+        return [record] * len(run.seeds)
+    return [_recorded_training(run, w, stats.step) for w in run.workdirs]
+
+
+def _recorded_training(run: Run, workdir: str, step: int) -> dict:
+    """training.json of a run whose final test was interrupted (``final_test_resumed``); speed fields None when the
+    process was stopped before writing it (between its last checkpoint and the test)."""
+    try:
+        record = read_record(workdir, TRAINING_FILE)
+    except ValueError:
+        record = None
+    unknown = dict.fromkeys(("compilations", "wall_time_sec", "steps_per_sec", "steady_steps_per_sec",
+                             "compile_seconds", "train_time_sec"))
+    return {**unknown, "num_params": run.num_params, "steps": step, "seeds_vectorized": len(run.seeds),
+            **(record or {}), "final_test_resumed": True}
 
 
 def _speed(stats: LoopStats, steps: int) -> dict[str, float | None]:
@@ -403,17 +556,40 @@ def _speed(stats: LoopStats, steps: int) -> dict[str, float | None]:
             "compile_seconds": stats.compile_seconds, "train_time_sec": stats.train_seconds}
 
 
-def _finish(run: Run, i: int, step: int, test: dict[str, float], common: dict) -> dict:
-    """Seed i's results: logged to its W&B run and written atomically to its results.json."""
+def _finish(run: Run, i: int, step: int, test: dict[str, float], common: dict, tested_from: float) -> dict:
+    """Seed i's results: logged to its W&B run and written atomically to its results.json.
+
+    ``wall_time_sec``: the training wall time of ``common`` plus this process's test. A test line already in
+    metrics.jsonl (the process that trained was stopped after logging it) is not logged twice.
+    """
     last, best = _eval_history(run.workdirs[i])
+    wall = common["wall_time_sec"]
     results = {"final": {"validation": last, "test": test}, "best": best, **common,
+               "wall_time_sec": None if wall is None else wall + time.time() - tested_from,
                "config": run.configs[i].to_dict()}
     gates = binary_gates(run.parallel.fetch(unstack(run.state, i)["params"]), run.config.heads.gates.target)
     if gates is not None:  # which heads the binarized test-time gates keep
         total = sum(np.size(g) for g in gates.values())
         results["gates"] = {"binary": gates, "kept": int(sum(np.sum(g) for g in gates.values())), "total": total}
-    run.loggers[i].log(step, {f"test/{k}": v for k, v in test.items()})
+    if not _test_logged(run.workdirs[i], step):
+        run.loggers[i].log(step, {f"test/{k}": v for k, v in test.items()})
     run.loggers[i].summary({"final/" + k: v for k, v in test.items()})
     if run.main:
-        write_json_atomic(os.path.join(run.workdirs[i], "results.json"), results)
+        write_json_atomic(os.path.join(run.workdirs[i], RESULTS_FILE), results)
     return results
+
+
+def _test_logged(workdir: str, step: int) -> bool:
+    """Whether metrics.jsonl already has a ``test/`` line at ``step``."""
+    path = os.path.join(workdir, METRICS_FILE)
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line torn by a kill
+                continue
+            if record.get("step") == step and any(k.startswith("test/") for k in record):
+                return True
+    return False

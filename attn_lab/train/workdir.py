@@ -1,0 +1,160 @@
+"""A run folder's safety: one process at a time, and a finished run's record never rewritten.
+
+- :class:`WorkdirLock`: ``<workdir>/.lock``, held with ``fcntl.flock`` for as long as a process trains in the folder.
+  A second process stops with one line naming the holder. The kernel drops a flock when its process dies, so the lock
+  of a killed run is simply free; the holder's pid and host written in the file are for the message only, and a
+  non-empty file found free (a holder that never released it) is reported as taken over.
+- :func:`finished_results`: a run whose ``results.json`` exists is finished; its results.json and metrics.jsonl are
+  the facts of that run and no rerun writes them again.
+- ``training.json``: what training measured (speed, compilations, wall time), written once training reaches its last
+  step and before the final test, so a rerun that only finishes a test interrupted by a kill reports the original
+  run's speed rather than its own (which trained nothing).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from typing import Any
+
+LOCK_FILE = ".lock"
+RESULTS_FILE = "results.json"
+TRAINING_FILE = "training.json"
+
+
+class RunError(RuntimeError):
+    """A run that cannot start or go on, said in one line (scripts/train.py prints it and exits 1)."""
+
+
+class WorkdirBusy(RunError):
+    """Another live process holds the workdir's lock."""
+
+
+def describe(error: BaseException) -> str:
+    """``'<ExceptionName>: <first line>'`` of an error, short enough for a one-line message."""
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first[:160]}{'...' if len(first) > 160 else ''}"
+
+
+def _holder_text(info: dict[str, Any]) -> str:
+    return f"pid {info.get('pid', '?')} on host {info.get('host', '?')} (started {info.get('started', '?')})"
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    """The holder info in the lock file ({} when empty or unreadable: a torn write says nothing)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        return json.loads(os.read(fd, 4096).decode() or "{}")
+    except ValueError:
+        return {}
+
+
+def _alive(info: dict[str, Any]) -> bool:
+    """Whether the pid in ``info`` runs on this host (only for filesystems without flock)."""
+    if info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
+        return False
+    try:
+        os.kill(info["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        pass
+    return info["pid"] != os.getpid()
+
+
+class WorkdirLock:
+    """``<workdir>/.lock`` held by this process (see the module docstring); creates the workdir."""
+
+    def __init__(self, workdir: str):
+        self.workdir, self.fd = workdir, None
+
+    def acquire(self) -> None:
+        """Takes the lock or raises :class:`WorkdirBusy`; prints one line when it takes over a stale lock."""
+        os.makedirs(self.workdir, exist_ok=True)
+        fd = os.open(os.path.join(self.workdir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self._flock(fd)
+            previous = _read_holder(fd)  # read under the lock: stable
+        except BaseException:
+            os.close(fd)
+            raise
+        if previous:  # the file was not emptied: its holder ended without releasing (killed, crashed)
+            print(f"{self.workdir}: taking over the lock of {_holder_text(previous)}, which is no longer running",
+                  flush=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        self.fd = fd
+
+    def _flock(self, fd: int) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):  # no flock here: trust the pid
+                if not _alive(_read_holder(fd)):
+                    return
+        raise WorkdirBusy(f"workdir {self.workdir} is in use by {_holder_text(_read_holder(fd))}; wait for it to "
+                          "finish or stop it") from None
+
+    def release(self) -> None:
+        """Empties the file (a clean release) and unlocks; the file stays, so no second inode can be locked."""
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)  # closing drops the flock
+
+
+def lock_workdirs(workdirs: list[str]) -> list[WorkdirLock]:
+    """Locks every folder (a vmapped run writes one per seed), or none: raises the first busy one's line."""
+    locks: list[WorkdirLock] = []
+    try:
+        for workdir in workdirs:
+            lock = WorkdirLock(workdir)
+            lock.acquire()
+            locks.append(lock)
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+    return locks
+
+
+def read_record(workdir: str, name: str) -> dict[str, Any] | None:
+    """``<workdir>/<name>`` as a dict, None when absent; ValueError (one line) when it does not parse."""
+    path = os.path.join(workdir, name)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} cannot be read ({describe(e)})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} cannot be read (a JSON {type(record).__name__}, not an object)")
+    return record
+
+
+def finished_results(workdir: str) -> dict[str, Any] | None:
+    """The results.json of a finished run in ``workdir``, or None when the run has not finished.
+
+    Raises:
+        RunError: results.json exists but is not a finished run's record (edited or truncated by hand); it is not
+            overwritten, the user decides.
+    """
+    try:
+        results = read_record(workdir, RESULTS_FILE)
+    except ValueError as e:
+        raise RunError(f"{e}; a finished run's record is never overwritten: move it away to finish the run "
+                       "again") from None
+    if results is not None and not {"final", "steps"} <= set(results):
+        raise RunError(f"{os.path.join(workdir, RESULTS_FILE)} has no 'final' or 'steps' (not a finished run's "
+                       "record); move it away to finish the run again")
+    return results

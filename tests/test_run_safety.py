@@ -1,0 +1,262 @@
+"""A run folder is safe: a finished run is never rewritten, one process at a time, corrupt checkpoints set aside.
+
+One tiny run is trained once for the module (killed during its final test, then finished by a rerun); each test
+works on a copy of its folder.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from test_logging_checkpoint import _assert_state_equal, _state
+from test_trainer import ROOT, data_dir, tiny_numbers  # noqa: F401 (data_dir: the module's prepared data)
+
+from attn_lab.train import trainer
+from attn_lab.train.checkpoint import CheckpointError, Checkpointer
+from attn_lab.train.trainer import Run, TaskError, train_and_evaluate
+from attn_lab.train.workdir import WorkdirBusy, WorkdirLock
+
+# A failed restore's abandoned TensorStore reads finish after the test that caused them at times; the library drops
+# their 'Event loop is closed' reports, but pytest swaps in its own unraisable hook per test and would warn.
+ABANDONED_READS = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+TRAIN = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--config",
+         os.path.join(ROOT, "configs", "numbers.py:quick")]
+
+
+def _snapshot(folder) -> dict[str, tuple[str, int]]:
+    """Every file under ``folder`` (hidden ones too): its content hash and modification time."""
+    out = {}
+    for d, _, files in os.walk(folder):
+        for f in files:
+            path = os.path.join(d, f)
+            with open(path, "rb") as fh:
+                out[os.path.relpath(path, folder)] = (hashlib.md5(fh.read()).hexdigest(), os.stat(path).st_mtime_ns)
+    return out
+
+
+def _test_lines(workdir) -> list[dict]:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if any(k.startswith("test/") for k in r)]
+
+
+class _Killed(BaseException):
+    """What a SIGKILL during the final test leaves: the test line logged, results.json not yet written."""
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_dir):  # noqa: F811
+    """A run killed right after logging its final test (before results.json), then finished by a rerun."""
+    workdir = str(tmp_path_factory.mktemp("finished") / "run")
+    config = tiny_numbers(data_dir)
+    config.compile_cache = ""
+    real_write = trainer.write_json_atomic
+
+    def killed_at_results(path, obj):
+        if str(path).endswith("results.json"):
+            raise _Killed
+        real_write(path, obj)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer, "write_json_atomic", killed_at_results)
+        with pytest.raises(_Killed):
+            train_and_evaluate(config, workdir)
+    assert not os.path.exists(os.path.join(workdir, "results.json")) and len(_test_lines(workdir)) == 1
+    with open(os.path.join(workdir, "training.json")) as f:
+        training = json.load(f)
+    results = train_and_evaluate(config, workdir)
+    return {"workdir": workdir, "config": config, "training": training, "results": results}
+
+
+def _copy(finished, tmp_path) -> str:
+    workdir = str(tmp_path / "run")
+    shutil.copytree(finished["workdir"], workdir, symlinks=True)
+    return workdir
+
+
+def test_a_final_test_cut_short_is_finished_once_with_the_original_speed(finished):
+    """The rerun writes results.json once: the original run's speed fields (from training.json, written before the
+    test), not zeros; the test line already logged is not logged again; the lock was released."""
+    workdir, results, training = finished["workdir"], finished["results"], finished["training"]
+    assert json.load(open(os.path.join(workdir, "results.json"))) == json.loads(json.dumps(results))
+    assert results["final_test_resumed"] is True and results["steps"] == 12
+    for key in ("steps_per_sec", "steady_steps_per_sec", "compile_seconds", "train_time_sec", "compilations"):
+        assert results[key] == training[key], key
+    assert results["steps_per_sec"] > 0 and results["compilations"]["train_step"] >= 1
+    assert results["wall_time_sec"] > training["wall_time_sec"] > 0
+    (line,) = _test_lines(workdir)
+    for key, value in results["final"]["test"].items():
+        assert line[f"test/{key}"] == pytest.approx(value, rel=1e-6), key
+    assert open(os.path.join(workdir, ".lock")).read() == ""  # released (emptied) by both processes
+
+
+def test_rerunning_a_finished_run_says_so_and_changes_nothing(finished, tmp_path, capsys):
+    workdir = _copy(finished, tmp_path)
+    before = _snapshot(workdir)
+    again = train_and_evaluate(finished["config"], workdir)
+    assert capsys.readouterr().out == f"{workdir}: finished at step 12 (results.json); nothing to do\n"
+    assert again == json.load(open(os.path.join(workdir, "results.json")))
+    proc = subprocess.run([*TRAIN, "--workdir", workdir, f"--config.task.data_dir={finished['config'].task.data_dir}",
+                           "--config.compile_cache="], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{workdir}: finished at step 12 (results.json); nothing to do\n"
+    assert _snapshot(workdir) == before  # no file written, touched or added (no W&B run either)
+
+
+def test_reevaluate_writes_a_separate_file_only(finished, tmp_path):
+    workdir = _copy(finished, tmp_path)
+    before = _snapshot(workdir)
+    flags = [f"--config.{k}={v}" for k, v in [("task.data_dir", finished["config"].task.data_dir),
+                                              ("compile_cache", ""), ("task.max_value", 299), ("model.num_layers", 1),
+                                              ("model.d_model", 32), ("model.mlp_dim", 64),
+                                              ("train.batch_size", 16), ("train.max_eval_batches", 2)]]
+    proc = subprocess.run([*TRAIN, "--workdir", workdir, "--reevaluate", *flags], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (path,) = glob.glob(os.path.join(workdir, "results.reeval-*.json"))
+    assert proc.stdout.strip() == f"wrote {path}"
+    after = _snapshot(workdir)  # the lock was taken and released (.lock rewritten, empty again): nothing else
+    assert {k: v for k, v in after.items() if k not in (os.path.basename(path), ".lock")} == {
+        k: v for k, v in before.items() if k != ".lock"}
+    assert after[".lock"][0] == before[".lock"][0]
+    record = json.load(open(path))
+    assert record["step"] == 12 and record["finished"] is True
+    for key, value in finished["results"]["final"]["test"].items():
+        assert record["final"]["test"][key] == pytest.approx(value, rel=1e-6), key
+
+
+def _truncate_data(step_dir) -> None:
+    """Truncates the checkpoint's largest array data file, as a full disk or a torn copy leaves it."""
+    files = glob.glob(os.path.join(step_dir, "default", "ocdbt.process_0", "d", "*"))
+    largest = max(files, key=os.path.getsize)
+    with open(largest, "r+b") as f:
+        f.truncate(100)
+
+
+@ABANDONED_READS
+def test_a_corrupt_latest_checkpoint_is_set_aside_and_the_run_resumes_from_the_newest_intact_one(finished, tmp_path,
+                                                                                              capsys):
+    workdir = _copy(finished, tmp_path)
+    for name in ("results.json", "training.json"):  # a run that has not finished
+        os.remove(os.path.join(workdir, name))
+    _truncate_data(os.path.join(workdir, "checkpoints", "12"))
+    results = train_and_evaluate(finished["config"], workdir)
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("checkpoint step")]
+    assert line.startswith(f"checkpoint step 12 in {workdir}/checkpoints is unreadable (ValueError: ")
+    assert ", resuming from step 6" in line and "resuming at step 6" in out
+    (aside,) = glob.glob(os.path.join(workdir, "checkpoints", "12.corrupt-*"))
+    assert f"set aside as {os.path.basename(aside)}" in line
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", os.path.basename(aside), "6"]
+    for key, value in finished["results"]["final"]["test"].items():  # resumed exactly from step 6
+        assert results["final"]["test"][key] == pytest.approx(value, rel=1e-6), key
+
+
+@ABANDONED_READS
+def test_no_readable_checkpoint_stops_in_one_line_and_renames_nothing(finished, tmp_path):
+    workdir = _copy(finished, tmp_path)
+    os.remove(os.path.join(workdir, "results.json"))
+    for step in ("12", "6"):
+        _truncate_data(os.path.join(workdir, "checkpoints", step))
+    with pytest.raises(CheckpointError) as info:
+        Run(finished["config"], workdir)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"no checkpoint to resume from can be read (step 12 in {workdir}/")
+    assert f"; step 6 in {workdir}/checkpoints: ValueError: " in message
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "6"]
+    WorkdirLock(workdir).acquire()  # the failed start released the lock
+
+
+@ABANDONED_READS
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_seeds_resume_from_their_newest_common_intact_step(tmp_path, capsys, damage):
+    """Seed b's step 2 is damaged (its data truncated, or a partial copy without the database manifest): both seeds
+    resume from step 1, only b's step 2 is set aside, a's step 2 stays."""
+    ckpts = [Checkpointer(str(tmp_path / seed)) for seed in ("a", "b")]
+    for ckpt in ckpts:
+        for step in (1, 2):
+            ckpt.save(step, _state(step))
+    data = tmp_path / "b" / "2" / "default"  # small arrays live in the merged database's nodes (default/d)
+    if damage == "truncated":
+        for f in (data / "d").iterdir():
+            f.write_bytes(f.read_bytes()[:10])
+    else:
+        (data / "manifest.ocdbt").unlink()
+    states, step = trainer._restore(ckpts, [_state(0), _state(0)], main=True)
+    assert step == 1
+    for state in states:
+        _assert_state_equal(state, _state(1))
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"checkpoint step 2 in {tmp_path / 'b'} is unreadable (") and line.endswith(
+        ", resuming from step 1")
+    assert sorted(os.listdir(tmp_path / "a")) == ["1", "2"]
+    assert [n.split(".corrupt-")[0] for n in sorted(os.listdir(tmp_path / "b"))] == ["1", "2"]
+    assert ckpts[1].all_steps() == [1] and ckpts[0].all_steps() == [1, 2]
+    ckpts[1].save(2, _state(2))  # the same step saved again does not collide with the one set aside
+    for ckpt in ckpts:
+        ckpt.close()
+
+
+HOLD = """
+import sys, time
+from attn_lab.train.workdir import WorkdirLock
+WorkdirLock(sys.argv[1]).acquire()
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_second_process_on_a_workdir_stops_in_one_line_and_a_dead_holder_s_lock_is_taken_over(
+        tmp_path, data_dir, capsys):  # noqa: F811
+    workdir = str(tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, workdir], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        busy = f"workdir {workdir} is in use by pid {holder.pid} on host {socket.gethostname()} (started "
+        with pytest.raises(WorkdirBusy, match=busy.replace("(", r"\(")):
+            WorkdirLock(workdir).acquire()
+        proc = subprocess.run([*TRAIN, "--workdir", workdir, f"--config.task.data_dir={data_dir}",
+                               "--config.compile_cache=", "--config.task.max_value=299"],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert proc.stderr.splitlines()[-1].startswith(f"error: {busy}"), proc.stderr
+        assert os.listdir(workdir) == [".lock"]  # the second process wrote nothing
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    lock = WorkdirLock(workdir)  # the kernel dropped the dead holder's flock; its pid is still in the file
+    lock.acquire()
+    out = capsys.readouterr().out
+    assert out.startswith(f"{workdir}: taking over the lock of pid {holder.pid} on host {socket.gethostname()} "
+                          "(started ") and out.endswith("), which is no longer running\n"), out
+    assert json.load(open(os.path.join(workdir, ".lock")))["pid"] == os.getpid()
+    lock.release()
+    assert open(os.path.join(workdir, ".lock")).read() == ""
+
+
+def test_a_task_that_fails_to_load_leaves_no_workdir(tmp_path, data_dir, monkeypatch):  # noqa: F811
+    def broken(*args):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(trainer, "load_task", broken)
+    with pytest.raises(TaskError, match=r"^task 'numbers': its data could not be loaded \(OSError: disk on fire\)$"):
+        train_and_evaluate(tiny_numbers(data_dir), str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_batch_size_is_checked_against_a_training_split_known_only_once_loaded(tmp_path, data_dir):  # noqa: F811
+    """Run checks the loaded split itself (for bible, sentiment without a limit and tfds: tasks validation cannot);
+    numbers with 240 training examples stands in, skipping validation."""
+    config = tiny_numbers(data_dir, batch_size=256)
+    with pytest.raises(TaskError, match=r"^train.batch_size=256 exceeds the training split of task 'numbers' \(240 "
+                                        r"examples\); lower it$"):
+        Run(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
