@@ -7,8 +7,8 @@ same outputs. Added on top, each for an ablation the source articles ask about:
 - ``attention=``: the kernel by registered name or ``{'name': ..., **options}`` (see ``registry.py``);
 - ``head_dim=``: decouples per-head size from ``in_features / num_heads`` (fixed-d_k head-count sweeps);
 - ``use_query_bias``/``use_key_bias``/``use_value_bias``/``use_out_bias``: per-projection bias switches;
-- ``head_mask=`` at call time: ``[num_heads]`` or ``[batch, num_heads]`` multiplying each head's output before the
-  output projection -- differentiable, so heads can be masked, scored by gradient (Michel et al. 2019) and gated;
+- ``head_mask=`` at call time: ``[num_heads]`` or ``[batch..., num_heads]`` multiplying each head's output before
+  the output projection -- differentiable, so heads can be masked, scored by gradient (Michel et al. 2019) and gated;
 - ``sow_weights`` / ``sow_head_outputs``: capture the attention matrix and per-head outputs in the same pass.
 
 Layouts are flax's: inputs ``[batch..., length, features]`` with any number of batch dimensions (zero included), in
@@ -45,7 +45,7 @@ def merge_batch(x: Array, batch: tuple[int, ...], what: str) -> Array:
         raise ValueError(f"{what} shape {tuple(x.shape)} does not broadcast to the inputs' batch dims {batch}")
     if all(d == 1 for d in lead):
         return x.reshape((1, *rest))
-    return jnp.broadcast_to(x, (*batch, *rest)).reshape((-1, *rest))
+    return jnp.broadcast_to(x, (*batch, *rest)).reshape((math.prod(batch), *rest))
 
 
 def split_batch(x: Array, batch: tuple[int, ...]) -> Array:
@@ -68,7 +68,6 @@ def merge_mask(mask: Array | None, batch: tuple[int, ...]) -> Array | None:
                          f"[*batch, num_heads, q_len, kv_len] ({rank} dims)")
     mask = mask.reshape((1,) * (rank - mask.ndim) + mask.shape)
     return merge_batch(mask, batch, "mask")  # (B|1, N|1, T|1, S)
-
 
 
 class MultiHeadAttention(nnx.Module):
