@@ -8,7 +8,8 @@
 
 Every trial runs ``scripts/train.py`` in its own folder; finished trials are skipped (resume), failures are recorded
 and the rest go on; ``results.csv`` and a summary table are written at the end. Exit code 0 only if every selected
-trial succeeded. Extra ``--config.key=value`` flags are passed to every trial.
+trial succeeded. Extra ``--config.key=value`` flags are passed to every trial; one that sets a key the sweep varies
+(an axis, a variant's key, the seed) stops the sweep before it starts.
 """
 
 from __future__ import annotations
@@ -53,15 +54,17 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def _check_overrides(exp: Experiment, extra: list[str]) -> None:
-    """Pass-through ``--config.x=y`` flags must name keys of the base config (checked before anything runs)."""
+    """Pass-through ``--config.x=y`` flags must name keys of the base config that the sweep does not vary (checked
+    before anything runs)."""
     base = load_config_file(exp.config)
-    for flag in extra:
-        key = flag[len("--config."):].split("=", 1)[0]
+    overrides = dict(flag[len("--config."):].split("=", 1) for flag in extra)
+    for key in overrides:
         node = base
         for part in key.split("."):
             if not hasattr(node, "keys") or part not in node:
                 raise ValueError(f"unknown config key 'config.{key}'")
             node = node[part]
+    exp.check_pass_through(overrides)
 
 
 def select(args: argparse.Namespace, exp: Experiment) -> list[Trial]:

@@ -211,8 +211,8 @@ def test_bad_experiment_files_are_one_line(tmp_path, name, body, message):
 
 
 def test_bad_sweep_command_lines_are_one_line_and_write_nothing(tmp_path):
-    """Bad sweep flags, a bad experiment file and a finished trial's truncated results.json stop the sweep in one
-    line before it writes anything."""
+    """Bad sweep flags, a bad experiment file, a pass-through override of a swept key and a finished trial's
+    truncated results.json stop the sweep in one line before it writes anything."""
     good = _experiment(tmp_path, "good", "{'name': 'x', " + SPEC + ", 'grid': {'model.num_heads': [2, 4]}}")
     noname = _experiment(tmp_path, "noname", "{" + SPEC + "}")
     (tmp_path / "configs").mkdir()
@@ -230,6 +230,10 @@ def test_bad_sweep_command_lines_are_one_line_and_write_nothing(tmp_path):
         (["--config", noname, "--workdir", new], "experiment key 'name' is missing"),
         (["--config", good, "--workdir", str(runs)], "num_heads=2,seed=0/results.json cannot be read"),
         (["--config", good, "--workdir", str(tmp_path / "experiments" / "good.py")], "is a file, not a folder"),
+        (["--config", good, "--workdir", new, "--config.model.num_heads=8"],  # would change trials named num_heads=2
+         "--config.model.num_heads=8: 'model.num_heads' is varied by this sweep (an axis)"),
+        (["--config", good, "--workdir", new, "--config.seed=3"],
+         "--config.seed=3: 'seed' is varied by this sweep (the seeds; use --seeds)"),
     ]
     for (args, message), proc in zip(cases, _run_all([sweep + a for a, _ in cases], ROOT)):
         assert proc.returncode != 0, args

@@ -111,3 +111,42 @@ def test_pruning_report_reads_curves_structural_and_gates(tmp_path):
     assert "| 0.5 | 3.0 ± 0.0 (3) | 0.0 ± 0.0 (3) | 1.0 ± 0.0 (3) | 2.0 ± 0.0 (3) | 98.000 ± 0.000 (3) |" in (
         tables["L0 gates (test bleu)"])
     assert (tmp_path / "pruning_curves.png").exists()
+
+
+def _with_failures(rows, failed_variant, partly_failed_variant):
+    """Every seed of one variant failed, seed 2 of another did: rows as collect() writes them (no metrics)."""
+    out = []
+    for row in rows:
+        if row["variant"] == failed_variant or (row["variant"] == partly_failed_variant and row["seed"] == 2):
+            row = {k: row[k] for k in ("variant", "seed", "trial")} | {"status": "failed: non-finite loss at step 6"}
+        out.append(row)
+    return out
+
+
+def test_failed_trials_stay_in_every_report_marked_failed(tmp_path):
+    """A variant whose seeds all failed keeps its row ('–' numbers), one with a failed seed is averaged over the
+    rest; a status column says which, and a last table lists each trial without results with its error line."""
+    variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64},
+                "A-h8": {"model.num_heads": 8, "model.head_dim": 8}, "dense": {}, "local": {}}
+    rows = _with_failures(_rows(variants), "A-h8", "A-h1")
+    reports_made = {name: report(rows, str(tmp_path), _exp(variants), str(tmp_path), [])
+                    for name, report in reports.REPORTS.items()}
+    head = reports_made["head_count"][0].markdown()
+    assert "| A-h1 | 1 | 64 | 1 | 1000 | 0.51 ± 0.01 (2) |" in head  # over the two seeds that finished
+    assert "| failed (1 of 3 seeds) |" in head and "| A-h8 | 8 | 8 | 8 | – | – | – | – | – |" in head
+    assert "| failed (3 of 3 seeds) |" in head and "| dense |" in head and head.count("| ok |") == 2
+    for name, tables in reports_made.items():
+        listed = tables[-1].markdown()
+        assert tables[-1].title == "Trials without results", name
+        for trial in ("variant=A-h1,seed=2", "variant=A-h8,seed=0", "variant=A-h8,seed=2"):
+            assert f"| {trial} | failed: non-finite loss at step 6 |" in listed, name
+        assert "variant=A-h1,seed=0" not in listed
+    for name in ("variants", "diversity"):
+        md = reports_made[name][0].markdown()
+        assert "| A-h8 |" in md and "failed (3 of 3 seeds) |" in md and "failed (1 of 3 seeds) |" in md, name
+
+
+def test_a_table_of_finished_trials_has_no_status_column(tmp_path):
+    variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64}}
+    tables = reports.head_count(_rows(variants), str(tmp_path), _exp(variants), str(tmp_path))
+    assert len(tables) == 1 and "status" not in tables[0].header

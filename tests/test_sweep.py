@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 
-from attn_lab.sweep.spec import load_experiment
+from attn_lab.sweep.runner import collect, failed_status, recorded_status, screen_lines
+from attn_lab.sweep.spec import PROJECT_ROOT, load_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(ROOT, "scripts", "sweep.py")
@@ -83,7 +84,8 @@ def test_sweep_runs_records_failures_resumes_and_collects(tmp_path):
     assert "does not divide" in (tmp_path / "runs" / "num_heads=3,seed=0" / "error.txt").read_text()
     rows = list(csv.DictReader(open(tmp_path / "runs" / "results.csv")))
     assert [r["num_heads"] for r in rows] == ["2", "3"] and rows[0]["status"] == "ok"
-    assert rows[1]["status"].startswith("failed") and float(rows[0]["num_params"]) > 0
+    assert rows[1]["status"].startswith("failed: model.num_heads=3 does not divide model.d_model=32")
+    assert float(rows[0]["num_params"]) > 0
     assert "test_exact_match" in rows[0] and "| num_heads |" in first.stdout
     second = subprocess.run(cmd + ["--shard", "0/2"], capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and "num_heads=2,seed=0: skipped" in second.stdout
@@ -152,3 +154,78 @@ def test_every_shipped_experiment_preset_builds_valid_trials(experiment):
                 node = node[part]
             node[last] = value
         validate_config(config)
+
+
+BAR = "train:  50%|#####     | 6/12 [00:03<00:03,  2.0it/s, loss=3.1]"
+NAN = "error: non-finite loss ([nan]) at step 6 (seed [0]); stopped at step 6, the last good checkpoint is step 4 in x"
+
+
+@pytest.mark.parametrize("stderr,line", [
+    (f"W1130 absl warning\n{BAR}\r{BAR}\r{NAN}\n", NAN[7:]),  # the error line printed over the bar's line
+    (f"{BAR}\r{BAR}\n{NAN}\n{BAR}\r{BAR}\n", NAN[7:]),  # a bar redrawn after the error (at interpreter exit)
+    (f"{BAR}\rTraceback (most recent call last):\n  File x\nFloatingPointError: {NAN[7:]}\n",  # no 'error:'
+     f"FloatingPointError: {NAN[7:]}"),
+])
+def test_a_failed_trial_s_status_is_its_error_line_not_a_progress_bar(tmp_path, stderr, line):
+    expected = f"failed: {line}"
+    assert failed_status(screen_lines(stderr)) == expected
+    (tmp_path / "error.txt").write_text(stderr)  # an error.txt written before progress bars were stripped
+    assert recorded_status(str(tmp_path)) == expected
+
+
+def test_a_pass_through_override_of_a_swept_key_is_refused(tmp_path):
+    exp = load_experiment(_experiment(tmp_path, {**BASE, "grid": {"model.num_layers": [1, 2]}, "variants": {
+        "MQA": {"model.num_kv_heads": 1}, "MHA": {}}, "overrides": {"train.num_steps": 10}}))
+    exp.check_pass_through({"train.num_steps": "5", "model.num_heads": "8"})  # fixed overrides may be changed
+    for key, where in [("model.num_layers", "an axis"), ("model.num_kv_heads", "variant 'MQA'"),
+                       ("seed", "the seeds; use --seeds"), ("model", None)]:
+        with pytest.raises(ValueError) as info:
+            exp.check_pass_through({key: "2"})
+        assert str(info.value).startswith(f"--config.{key}=2: '") and "\n" not in str(info.value)
+        assert where is None or f"is varied by this sweep ({where})" in str(info.value)
+
+
+def test_an_experiment_file_anywhere_resolves_its_config_next_to_itself_then_in_the_project_root(tmp_path):
+    elsewhere = tmp_path / "somewhere" / "else"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "mine.py").write_text(open(os.path.join(ROOT, "configs", "numbers.py")).read())
+    for config, expected in [("configs/numbers.py:quick", os.path.join(PROJECT_ROOT, "configs", "numbers.py")),
+                             ("mine.py:quick", str(elsewhere / "mine.py")),
+                             (os.path.join(ROOT, "configs", "listops.py"), os.path.join(ROOT, "configs", "listops.py"))]:
+        path = elsewhere / "x.py"
+        path.write_text(f"def get_experiment(preset='quick'):\n    return {{'name': 'x', 'config': {config!r}}}\n")
+        exp = load_experiment(str(path))
+        assert exp.config.partition(":")[0] == expected and exp.root == PROJECT_ROOT
+    path.write_text("def get_experiment(preset='quick'):\n    return {'name': 'x', 'config': 'nope.py'}\n")
+    with pytest.raises(ValueError, match=f"config='nope.py': config file not found in {elsewhere} or {PROJECT_ROOT}$"):
+        load_experiment(str(path))
+
+
+def test_a_trial_that_dies_of_nan_keeps_its_error_line_in_results_csv_and_the_tables(tmp_path):
+    """One variant trains, one diverges: the sweep exits 1, the NaN trial's status is its one error line (not a
+    progress bar), it stays in results.csv, and make_tables marks its row failed and lists it with that line."""
+    nan = {"model.num_heads": 4, "train.learning_rate": 1e36, "train.warmup_steps": 1, "train.grad_clip": 1e30,
+           "train.weight_decay": 0.0, "train.checkpoint_every": 1}
+    path = _experiment(tmp_path, {**BASE, "report": "head_count", "variants": {"A-h2": {"model.num_heads": 2},
+                                                                               "A-h4": nan}, "overrides": {
+        "task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
+        "train.num_steps": 4, "train.batch_size": 16, "train.log_every": 2, "train.eval_every": 4,
+        "train.max_eval_batches": 1, "wandb.mode": "disabled"}})
+    runs = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, SWEEP, "--config", path, "--workdir", str(runs),
+                           f"--config.task.data_dir={tmp_path / 'data'}", "--config.compile_cache="],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr
+    rows = list(csv.DictReader(open(runs / "results.csv")))
+    assert [(r["variant"], r["status"][:40]) for r in rows] == [
+        ("A-h2", "ok"), ("A-h4", "failed: non-finite loss ([nan]) at step ")]
+    assert "%|" not in (runs / "variant=A-h4,seed=0" / "error.txt").read_text()
+    exp = load_experiment(path)
+    assert collect(exp, str(runs))[1]["status"] == rows[1]["status"]  # the same line read back from error.txt
+    tables = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), str(runs)],
+                            capture_output=True, text=True, timeout=300)
+    assert tables.returncode == 0, tables.stderr
+    md = (runs / "tables" / "head_count.md").read_text()
+    assert "| A-h4 | 4 | – | 4 | – | – | – | – | – | 5.0 / 25.5 | failed (1 of 1 seeds) |" in md, md
+    assert "| status |" in md and "| A-h2 | 2 |" in md and "| ok |" in md
+    assert f"| variant=A-h4,seed=0 | {rows[1]['status']} |" in md

@@ -3,6 +3,9 @@
 Each report function takes ``(rows, sweep_dir, exp, out_dir, bench)`` -- rows from
 :func:`attn_lab.sweep.runner.collect`, the experiment, where to draw PNGs, and the attention benchmark's CSV rows
 (variants only) -- and returns its tables; every table carries the published numbers for the same comparison.
+Failed trials stay visible: a row whose trials did not all finish gets a status column ('failed (1 of 3 seeds)';
+its numbers are over the seeds that finished, '–' when none did), and every report ends with the trials without
+results and their error lines.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 
 from attn_lab.analysis import plots
 from attn_lab.reporting import published as pub
-from attn_lab.reporting.tables import Table, column, grouped, mean_std, read_json
+from attn_lab.reporting.tables import Table, column, grouped, mean_std, read_json, statuses, unfinished_table
 
 KINDS = ("encoder_self", "decoder_self", "cross")
 
@@ -24,8 +27,25 @@ def _metric(row: dict) -> str:
     return "test_bleu" if "test_bleu" in row else "test_accuracy"
 
 
+def _variant(row: dict) -> str:
+    return row.get("variant", row["trial"].rsplit(",seed=", 1)[0])
+
+
 def _by_variant(rows: list[dict]) -> dict[str, list[dict]]:
-    return grouped(rows, lambda r: r.get("variant", r["trial"].rsplit(",seed=", 1)[0]))
+    return grouped(rows, _variant)
+
+
+def _every_variant(rows: list[dict]) -> list[tuple[str, list[dict], str]]:
+    """(variant, its finished rows, its status) for every variant, failed ones included, in first-seen order."""
+    done = _by_variant(rows)
+    return [(v, done.get(v, []), status) for v, status in statuses(rows, _variant).items()]
+
+
+def _with_status(header: list[str], body: list[list], status: list[str]) -> tuple[list[str], list[list]]:
+    """Adds a status column when some row's trials did not all finish (tables of finished sweeps stay as they were)."""
+    if all(s == "ok" for s in status):
+        return header, body
+    return [*header, "status"], [[*row, s] for row, s in zip(body, status)]
 
 
 def _analyses(sweep_dir: str, group: list[dict], name: str) -> list[Any]:
@@ -44,17 +64,18 @@ def _errorbar_plot(path: str, series: dict[str, tuple[list, list[list[float]]]],
 
 def head_count(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     """Vaswani et al. Table 3 style: heads, d_k, key/value heads, params, BLEU, exact match, perplexity."""
-    body, series = [], {}
-    for variant, g in _by_variant(rows).items():
+    body, series, status = [], {}, []
+    for variant, g, state in _every_variant(rows):
         ov = exp.variants.get(variant, {})
         h, dk = ov.get("model.num_heads"), ov.get("model.head_dim")
         kv = ov.get("model.num_kv_heads") or h
         paper = pub.VASWANI_TABLE3.get((h, 512 // h)) if variant.startswith("A-") and h else None
-        body.append([variant, h, dk, kv, g[0]["num_params"], mean_std(column(g, "test_bleu"), 2),
+        status.append(state)
+        body.append([variant, h, dk, kv, g[0]["num_params"] if g else None, mean_std(column(g, "test_bleu"), 2),
                      mean_std(column(g, "test_exact_match")), mean_std([math.exp(v) for v in column(g, "test_loss")], 3),
                      mean_std(column(g, "steps_per_sec"), 1), "–" if paper is None else f"{paper[0]} / {paper[1]}"])
         family = variant.split("-")[0]
-        if family in ("A", "B"):
+        if family in ("A", "B") and g:
             x, ys = series.setdefault(f"{family}: " + ("d_k = d_model / h" if family == "A" else f"d_k = {dk}"),
                                       ([], []))
             x.append(h)
@@ -67,7 +88,8 @@ def head_count(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
             f"(Shazeer 2019): BLEU {pub.MULTI_QUERY['mha']['bleu']} -> {pub.MULTI_QUERY['mqa']['bleu']}; GQA-8 "
             f"(Ainslie et al. 2023): {pub.GROUPED_QUERY['mha']} -> {pub.GROUPED_QUERY['gqa8']} (MQA "
             f"{pub.GROUPED_QUERY['mqa']}).")
-    return [Table("Head count", header, body, note)]
+    header, body = _with_status(header, body, status)
+    return [Table("Head count", header, body, note), *unfinished_table(rows)]
 
 
 def _all_but_one(found: list[dict]) -> Table:
@@ -143,7 +165,7 @@ def pruning(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     gates = _analyses(sweep_dir, group, "gates")
     if gates:
         tables.append(_gates(gates))
-    return tables
+    return tables + unfinished_table(rows)
 
 
 def _prunable_within(curve: list[dict], margin: float) -> float:
@@ -156,9 +178,10 @@ def _prunable_within(curve: list[dict], margin: float) -> float:
 def diversity(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     """Li et al. style: each regularizer vs the baseline -- metric, head similarity, robustness to pruning (the share
     of heads prunable within 1 BLEU, and the metric after the first pruning step, both in importance order)."""
-    body, first = [], None
-    for variant, g in _by_variant(rows).items():
-        metric = _metric(g[0])
+    body, first, status = [], None, []
+    for variant, g, state in _every_variant(rows):
+        metric = _metric(g[0]) if g else "test_accuracy"
+        status.append(state)
         diag = _analyses(sweep_dir, g, "diagnose")
         sims = [np.mean([v["mean_similarity"] for v in d.values()]) for d in diag]
         prune = _analyses(sweep_dir, g, "prune")
@@ -168,10 +191,12 @@ def diversity(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
                      mean_std(sims, 3), mean_std([_prunable_within(p["importance"], margin) for p in prune], 0),
                      mean_std([p["importance"][1]["score"] for p in prune], 2)])
     li = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in pub.LI_DIVERSITY.items())
-    return [Table("Head diversity", ["variant", "BLEU / accuracy", "exact match", "mean head map similarity",
-                                     "% heads prunable within 1 BLEU",
-                                     f"metric with {first or 0:.1f}% of heads pruned"], body,
-                  f"Li et al. 2018 (disagreement regularization, BLEU base -> regularized): {li}.")]
+    header, body = _with_status(["variant", "BLEU / accuracy", "exact match", "mean head map similarity",
+                                 "% heads prunable within 1 BLEU", f"metric with {first or 0:.1f}% of heads pruned"],
+                                body, status)
+    return [Table("Head diversity", header, body,
+                  f"Li et al. 2018 (disagreement regularization, BLEU base -> regularized): {li}."),
+            *unfinished_table(rows)]
 
 
 def _bench_ratio(bench: list[dict], label: str, length: int, field: str) -> float | None:
@@ -201,14 +226,15 @@ def variants(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     dense_sps = np.mean(column(groups.get("dense", []), "steps_per_sec") or [float("nan")])
     cudnn = any(r.get("speedup_vs_cudnn") for r in bench)
     fmt = lambda v: "–" if v is None else f"{v:.2f}x"
-    body = []
-    for variant, g in groups.items():
+    body, status = [], []
+    for variant, g, state in _every_variant(rows):
+        status.append(state)
         label = _dense_label(bench) if variant == "dense" else variant
         speed = pub.LRA_SPEED.get(variant)
         vs_cudnn = [f"{fmt(_bench_column(bench, label, 4096, 'speedup_vs_cudnn'))} / "
                     f"{fmt(_bench_column(bench, label, 4096, 'memory_vs_cudnn'))}"] if cudnn else []
         body.append([variant, mean_std([100 * a for a in column(g, "test_accuracy")], 1),
-                     f"{np.mean(column(g, 'steps_per_sec')) / dense_sps:.2f}x",
+                     f"{np.mean(column(g, 'steps_per_sec')) / dense_sps:.2f}x" if g else "–",
                      fmt(_bench_ratio(bench, label, 1024, "fwd_bwd_seconds")),
                      fmt(_bench_ratio(bench, label, 4096, "fwd_bwd_seconds")),
                      fmt(_bench_ratio(bench, label, 4096, "temp_bytes")), *vs_cudnn,
@@ -220,8 +246,9 @@ def variants(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     if cudnn:
         note += ("vs cuDNN: the same ratios against cuDNN flash attention (jax.nn.dot_product_attention with "
                  "implementation='cudnn' = 1), from the benchmark's own columns. ")
+    header, body = _with_status(header, body, status)
     return [Table("Efficient attention (ListOps)", header, body,
-                  note + "LRA: Tay et al. 2020 (TPU v3, byte-level text for speed).")]
+                  note + "LRA: Tay et al. 2020 (TPU v3, byte-level text for speed)."), *unfinished_table(rows)]
 
 
 REPORTS = {"head_count": head_count, "pruning": pruning, "diversity": diversity, "variants": variants}

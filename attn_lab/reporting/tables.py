@@ -20,7 +20,7 @@ class Table:
 
     def markdown(self) -> str:
         lines = [f"### {self.title}", "", "| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
-        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in self.rows]
         return "\n".join(lines + (["", self.note] if self.note else [])) + "\n"
 
     def latex(self) -> str:
@@ -50,13 +50,41 @@ def mean_std(values: Sequence[float], digits: int = 3) -> str:
     return f"{np.mean(vals):.{digits}f} ± {np.std(vals, ddof=1):.{digits}f} ({len(vals)})"
 
 
+def finished(row: dict) -> bool:
+    return row.get("status") in ("ok", "skipped") and "test_loss" in row
+
+
 def grouped(rows: list[dict], key: Callable[[dict], Any]) -> dict[Any, list[dict]]:
     """Finished rows (status ok/skipped) grouped by ``key``, groups in first-seen order."""
     out: dict[Any, list[dict]] = {}
     for row in rows:
-        if row.get("status") in ("ok", "skipped") and "test_loss" in row:
+        if finished(row):
             out.setdefault(key(row), []).append(row)
     return out
+
+
+def statuses(rows: list[dict], key: Callable[[dict], Any]) -> dict[Any, str]:
+    """Every group of ``key`` (finished or not, first-seen order) -> 'ok', or what became of its unfinished trials,
+    e.g. 'failed (1 of 3 seeds)', 'failed (3 of 3 seeds)', 'not run (2 of 3 seeds)'; a table keeps a row for each."""
+    groups: dict[Any, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(key(row), []).append(row)
+    out = {}
+    for name, group in groups.items():
+        counts: dict[str, int] = {}
+        for row in group:
+            if not finished(row):
+                kind = str(row.get("status") or "not run").split(":")[0]
+                counts[kind] = counts.get(kind, 0) + 1
+        out[name] = "; ".join(f"{k} ({n} of {len(group)} seeds)" for k, n in counts.items()) or "ok"
+    return out
+
+
+def unfinished_table(rows: list[dict]) -> list[Table]:
+    """'Trials without results': each failed or not-run trial with its status (its error line); [] when none."""
+    body = [[row["trial"], row.get("status") or "not run"] for row in rows if not finished(row)]
+    return [Table("Trials without results", ["trial", "status"], body,
+                  "Failed trials keep their folder and error.txt; rerunning the sweep retries them.")] if body else []
 
 
 def column(group: list[dict], name: str) -> list[float]:

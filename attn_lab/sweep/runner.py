@@ -1,7 +1,8 @@
 """Runs a sweep's trials as ``scripts/train.py`` processes and collects their results.
 
 Each trial gets its own folder under the sweep's workdir; a trial with a ``results.json`` is skipped, so an
-interrupted sweep resumes; a failing trial leaves ``error.txt`` (its last lines of stderr) and the others go on.
+interrupted sweep resumes; a failing trial leaves ``error.txt`` (its last lines of stderr, progress bars removed) and
+the others go on. A failed trial's status is its error line (``failed: <line>``), in results.csv and in the tables.
 With ``vmap_seeds`` the trials that differ only in seed train in one process, their seeds vmapped (each still writes
 its own folder).
 """
@@ -14,6 +15,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from typing import Any
@@ -97,17 +99,49 @@ def run_trial(exp: Experiment, trial: Trial, workdir: str, extra: list[str]) -> 
 
 
 def _run(cmd: list[str], dirs: list[str]) -> str:
-    """Runs a command writing into ``dirs``; a failure leaves its last stderr lines in each error.txt (and in the
-    returned status)."""
+    """Runs a command writing into ``dirs``; a failure leaves its last stderr lines in each error.txt and returns
+    ``'failed: <its error line>'``."""
     for d in dirs:
         os.makedirs(d, exist_ok=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode == 0:
         return "ok"
-    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()] or [f"exit code {proc.returncode}"]
+    lines = [line for line in screen_lines(proc.stderr) if not PROGRESS.search(line)]
+    lines = lines or [f"exit code {proc.returncode}"]
     for d in dirs:
         write_text_atomic(pathlib.Path(d, "error.txt"), "\n".join(lines[-40:]) + "\n")
-    return f"failed: {lines[-1][:200]}"
+    return failed_status(lines)
+
+
+PROGRESS = re.compile(r"\d+%\|")  # a tqdm progress bar: '... 50%|#####     | 6/12 [...]'
+
+
+def screen_lines(text: str) -> list[str]:
+    """The non-blank lines a terminal would show for ``text``: a progress bar redraws its line with carriage
+    returns, so only each line's last ``\\r`` segment remains."""
+    shown = [line.rsplit("\r", 1)[-1].rstrip() for line in text.split("\n")]
+    return [line for line in shown if line.strip()]
+
+
+def failed_status(lines: list[str]) -> str:
+    """``'failed: <error line>'``: the last ``error: ...`` line a script printed, else the last line that is not a
+    progress bar (a traceback's exception line), else the last line."""
+    said = [line[len("error: "):] for line in lines if line.startswith("error: ")]
+    plain = [line for line in lines if not PROGRESS.search(line)]
+    line = (said or plain or lines or ["unknown error"])[-1].strip()
+    return f"failed: {line[:300]}"
+
+
+def recorded_status(trial_dir: str) -> str:
+    """A trial's status from its folder alone (no sweep process to ask): 'ok' with results.json, its error line
+    with error.txt, else 'not run'."""
+    if os.path.exists(os.path.join(trial_dir, "results.json")):
+        return "ok"
+    error = os.path.join(trial_dir, "error.txt")
+    if not os.path.exists(error):
+        return "not run"
+    with open(error, errors="replace") as f:
+        return failed_status(screen_lines(f.read()))
 
 
 def run_sweep(exp: Experiment, trials: list[Trial], workdir: str, *, parallel: int = 1, extra: list[str] = (),
@@ -142,8 +176,7 @@ def collect(exp: Experiment, workdir: str, statuses: dict[str, str] | None = Non
             speed = res.get("steady_steps_per_sec") or res["steps_per_sec"]
             row.update(num_params=res["num_params"], steps=res["steps"], steps_per_sec=speed)
         else:
-            error = os.path.join(workdir, trial.name, "error.txt")
-            row["status"] = (statuses or {}).get(trial.name) or ("failed" if os.path.exists(error) else "not run")
+            row["status"] = (statuses or {}).get(trial.name) or recorded_status(os.path.join(workdir, trial.name))
         rows.append(row)
     return rows
 

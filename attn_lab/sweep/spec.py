@@ -3,7 +3,9 @@
 An experiment file (``experiments/<table>.py``) has ``get_experiment(preset) -> dict`` with keys:
 
 - ``name``: the sweep's name (also the W&B group of every trial);
-- ``config``: the base config, ``'configs/<task>.py[:preset]'`` relative to the repository root;
+- ``config``: the base config, ``'configs/<task>.py[:preset]'``; a relative path is looked up next to the experiment
+  file first, then in the project root (the repository this package lives in), so an experiment file anywhere on
+  disk can name the shipped configs or its own;
 - ``overrides``: fixed ``{'dotted.key': value}`` applied to every trial;
 - ``grid``: ``{'dotted.key': [values]}``, crossed as a product;
 - ``zip``: a list of ``{'dotted.key': [values], ...}`` groups whose lists advance together (one axis each), e.g.
@@ -43,6 +45,7 @@ SHAPES: dict[str, tuple[type, str]] = {
     "report": (str, "a table name"),
 }
 REQUIRED = ("name", "config")
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/, configs/
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +61,8 @@ class Trial:
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     name: str
-    config: str  # 'configs/x.py[:preset]', relative to root
-    root: str
+    config: str  # '/abs/path/x.py[:preset]', resolved by :func:`resolve_config`
+    root: str  # the project root: where scripts/train.py is
     overrides: dict[str, Any]
     axes: list[list[dict[str, Any]]]  # each axis: its points, a point being {key: value} ('variant': a name)
     seeds: list[int]
@@ -80,6 +83,24 @@ class Experiment:
 
     def swept_keys(self) -> list[str]:
         return [k for axis in self.axes for k in axis[0]] + ["seed"]
+
+    def varied_keys(self) -> dict[str, str]:
+        """Every config key some trials set differently -> where it is varied (an axis, a variant, the seeds)."""
+        varied = {k: "an axis" for axis in self.axes for k in axis[0] if k != "variant"}
+        for name, overrides in self.variants.items():
+            for key in overrides:
+                varied.setdefault(key, f"variant '{name}'")
+        return varied | {"seed": "the seeds; use --seeds"}
+
+    def check_pass_through(self, overrides: dict[str, str]) -> None:
+        """A ``--config.key=value`` passed to every trial must not set a key the sweep varies: it would change those
+        trials while the results and tables name the swept values (a parent or child key collides too)."""
+        for key, value in overrides.items():
+            for varied, where in self.varied_keys().items():
+                if key == varied or key.startswith(varied + ".") or varied.startswith(key + "."):
+                    raise ValueError(f"--config.{key}={value}: '{varied}' is varied by this sweep ({where}); an "
+                                     "override of it would change those trials while the tables show the swept "
+                                     "values -- change the experiment file instead")
 
 
 def _text(value: Any) -> str:
@@ -105,14 +126,33 @@ def _check_key(config: ml_collections.ConfigDict, key: str, where: str) -> None:
         node = node[part]
 
 
+def resolve_config(config: str, experiment: str, root: str) -> str:
+    """An experiment's ``config`` (``'path.py[:preset]'``) with an absolute path: as given when absolute, else
+    next to the experiment file, else in ``root``; a one-line ValueError naming both places when neither has it."""
+    file, sep, preset = config.partition(":")
+    file = os.path.expanduser(file)
+    folders = [""] if os.path.isabs(file) else [os.path.dirname(os.path.abspath(experiment)), os.path.abspath(root)]
+    found = next((os.path.join(f, file) for f in folders if os.path.isfile(os.path.join(f, file))), None)
+    if found is None:
+        where = f" in {' or '.join(dict.fromkeys(folders))}" if folders != [""] else ""
+        raise ValueError(f"{experiment}: config={config!r}: config file not found{where}")
+    return os.path.normpath(found) + sep + preset
+
+
 def load_experiment(spec: str, root: str | None = None) -> Experiment:
-    """``'experiments/x.py:preset'`` -> a validated :class:`Experiment` (raises a one-line ValueError)."""
+    """``'experiments/x.py:preset'`` -> a validated :class:`Experiment` (raises a one-line ValueError).
+
+    Args:
+      spec: the experiment file, anywhere on disk, with an optional ``:preset`` (default ``quick``).
+      root: the project root (default: the repository of this package), where relative config paths not found
+        next to the experiment file are looked up and where ``scripts/train.py`` is.
+    """
     path, _, preset = spec.partition(":")
     if not os.path.exists(path):
         raise ValueError(f"experiment file not found: {path}")
     raw = _raw_experiment(path, preset or "quick")
-    root = root or os.path.dirname(os.path.dirname(os.path.abspath(path)))
-    config_path = os.path.join(root, raw["config"])
+    root = root or PROJECT_ROOT
+    config_path = resolve_config(raw["config"], path, root)
     try:
         base = load_config_file(config_path)
     except ValueError as e:
