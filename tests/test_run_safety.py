@@ -105,10 +105,28 @@ def test_rerunning_a_finished_run_says_so_and_changes_nothing(finished, tmp_path
     assert capsys.readouterr().out == f"{workdir}: finished at step 12 (results.json); nothing to do\n"
     assert again == json.load(open(os.path.join(workdir, "results.json")))
     proc = subprocess.run([*TRAIN, "--workdir", workdir, f"--config.task.data_dir={finished['config'].task.data_dir}",
-                           "--config.compile_cache="], capture_output=True, text=True, timeout=300)
+                           "--config.compile_cache=", "--config.train.num_steps=12"], capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"{workdir}: finished at step 12 (results.json); nothing to do\n"
     assert _snapshot(workdir) == before  # no file written, touched or added (no W&B run either)
+
+
+def test_finished_seeds_are_left_alone_while_the_others_train(finished, tmp_path, capsys):
+    """``--seeds 0,1`` where seed 0's folder holds a finished run: only seed 1 trains (alone); a longer
+    train.num_steps does not extend a finished run either, and the line says how to train on."""
+    done, fresh = _copy(finished, tmp_path), str(tmp_path / "seed1")
+    before = _snapshot(done)
+    config = finished["config"].copy_and_resolve_references()
+    config.wandb.mode = "disabled"
+    results = trainer.train_seeds(config, [done, fresh], [0, 1])
+    assert results[0] == json.load(open(os.path.join(done, "results.json"))) and _snapshot(done) == before
+    assert results[1]["config"]["seed"] == 1 and results[1]["seeds_vectorized"] == 1 and results[1]["steps"] == 12
+    assert capsys.readouterr().out.startswith(f"{done}: finished at step 12 (results.json); nothing to do\n")
+    config.train.num_steps = 20
+    assert train_and_evaluate(config, done) == results[0] and _snapshot(done) == before
+    assert capsys.readouterr().out == (f"{done}: finished at step 12 (results.json); nothing to do "
+                                       "(train.num_steps=20 here: to train on, move its results.json away and rerun)\n")
 
 
 def test_reevaluate_writes_a_separate_file_only(finished, tmp_path):

@@ -438,13 +438,21 @@ def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *,
     results = [finished_results(w) for w in workdirs]
     for workdir, done in zip(workdirs, results):
         if done is not None and jax.process_index() == 0:
-            print(f"{workdir}: finished at step {done['steps']} ({RESULTS_FILE}); nothing to do", flush=True)
+            print(_finished_line(workdir, done["steps"], config.train.num_steps), flush=True)
     todo = [i for i, done in enumerate(results) if done is None]
     if todo:
         trained = _train(config, [workdirs[i] for i in todo], [seeds[i] for i in todo], stop_after)
         for i, result in zip(todo, trained):
             results[i] = result
     return results
+
+
+def _finished_line(workdir: str, steps: int, num_steps: int) -> str:
+    """What a rerun of a finished run says; a longer ``train.num_steps`` does not extend it (that would rewrite its
+    results), and the line says how to train on."""
+    more = (f" (train.num_steps={num_steps} here: to train on, move its {RESULTS_FILE} away and rerun)"
+            if num_steps != steps else "")
+    return f"{workdir}: finished at step {steps} ({RESULTS_FILE}); nothing to do{more}"
 
 
 def reevaluate_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int]) -> list[str]:
