@@ -129,18 +129,20 @@ def test_failed_trials_stay_in_every_report_marked_failed(tmp_path):
     variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64},
                 "A-h8": {"model.num_heads": 8, "model.head_dim": 8}, "dense": {}, "local": {}}
     rows = _with_failures(_rows(variants), "A-h8", "A-h1")
+    rows[-1] = {k: rows[-1][k] for k in ("variant", "seed", "trial")} | {"status": "not run"}  # another shard's
     reports_made = {name: report(rows, str(tmp_path), _exp(variants), str(tmp_path), [])
                     for name, report in reports.REPORTS.items()}
     head = reports_made["head_count"][0].markdown()
     assert "| A-h1 | 1 | 64 | 1 | 1000 | 0.51 ± 0.01 (2) |" in head  # over the two seeds that finished
     assert "| failed (1 of 3 seeds) |" in head and "| A-h8 | 8 | 8 | 8 | – | – | – | – | – |" in head
-    assert "| failed (3 of 3 seeds) |" in head and "| dense |" in head and head.count("| ok |") == 2
+    assert "| failed (3 of 3 seeds) |" in head and "| dense |" in head and head.count("| ok |") == 1
+    assert "| not run (1 of 3 seeds) |" in head  # local: its seed 2 is another shard's
     for name, tables in reports_made.items():
         listed = tables[-1].markdown()
         assert tables[-1].title == "Trials without results", name
         for trial in ("variant=A-h1,seed=2", "variant=A-h8,seed=0", "variant=A-h8,seed=2"):
             assert f"| {trial} | failed: non-finite loss at step 6 |" in listed, name
-        assert "variant=A-h1,seed=0" not in listed
+        assert "variant=A-h1,seed=0" not in listed and "| 1 other trial | not run |" in listed
     for name in ("variants", "diversity"):
         md = reports_made[name][0].markdown()
         assert "| A-h8 |" in md and "failed (3 of 3 seeds) |" in md and "failed (1 of 3 seeds) |" in md, name

@@ -81,8 +81,12 @@ def statuses(rows: list[dict], key: Callable[[dict], Any]) -> dict[Any, str]:
 
 
 def unfinished_table(rows: list[dict]) -> list[Table]:
-    """'Trials without results': each failed or not-run trial with its status (its error line); [] when none."""
-    body = [[row["trial"], row.get("status") or "not run"] for row in rows if not finished(row)]
+    """'Trials without results': each failed trial with its status (its error line), then how many were not run
+    (yet: another shard's, or an interrupted sweep's); [] when every trial finished."""
+    unfinished = [row for row in rows if not finished(row)]
+    body = [[row["trial"], row["status"]] for row in unfinished if str(row.get("status")).startswith("failed")]
+    not_run = len(unfinished) - len(body)
+    body += [[f"{not_run} other trial{'s' * (not_run > 1)}", "not run"]] if not_run else []
     return [Table("Trials without results", ["trial", "status"], body,
                   "Failed trials keep their folder and error.txt; rerunning the sweep retries them.")] if body else []
 
