@@ -12,7 +12,6 @@ options plus a small setting where the default block, chunk or window would cove
 paths that cross block boundaries run). Precision: all matmuls at 'highest' (tests/conftest.py).
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
