@@ -187,7 +187,8 @@ def test_no_readable_checkpoint_stops_in_one_line_and_renames_nothing(finished, 
     with pytest.raises(CheckpointError) as info:
         Run(finished["config"], workdir)
     message = str(info.value)
-    assert "\n" not in message and message.startswith(f"no checkpoint to resume from can be read (step 12 in {workdir}/")
+    assert "\n" not in message
+    assert message.startswith(f"no checkpoint to resume from can be read (step 12 in {workdir}/")
     assert f"; step 6 in {workdir}/checkpoints: ValueError: " in message
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "6"]
     WorkdirLock(workdir).acquire()  # the failed start released the lock

@@ -189,9 +189,9 @@ def test_an_experiment_file_anywhere_resolves_its_config_next_to_itself_then_in_
     elsewhere = tmp_path / "somewhere" / "else"
     elsewhere.mkdir(parents=True)
     (elsewhere / "mine.py").write_text(open(os.path.join(ROOT, "configs", "numbers.py")).read())
+    listops = os.path.join(ROOT, "configs", "listops.py")
     for config, expected in [("configs/numbers.py:quick", os.path.join(PROJECT_ROOT, "configs", "numbers.py")),
-                             ("mine.py:quick", str(elsewhere / "mine.py")),
-                             (os.path.join(ROOT, "configs", "listops.py"), os.path.join(ROOT, "configs", "listops.py"))]:
+                             ("mine.py:quick", str(elsewhere / "mine.py")), (listops, listops)]:
         path = elsewhere / "x.py"
         path.write_text(f"def get_experiment(preset='quick'):\n    return {{'name': 'x', 'config': {config!r}}}\n")
         exp = load_experiment(str(path))
