@@ -151,7 +151,7 @@ def gates_step(a: Any) -> None:
 
 def diagnose_step(a: Any) -> None:
     captured = a.capture_maps(a.run, a.batches[0])
-    layers = {name: a.diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"])
+    layers = {name: a.diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"], c.get("valid_queries"))
               for name, c in captured.items()}
     grads = a.importance.compile_gradients(a.run.graphdef, a.run.kind)
     for kind, grid in a.importance.head_gradient_norms(a.run.state, a.batches, a.shapes, grads).items():

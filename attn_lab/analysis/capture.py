@@ -28,14 +28,18 @@ def capture_step(graphdef: Any, kind: str) -> Callable[[dict, dict], dict]:
 
 
 def as_layers(captured: dict, batch: dict) -> dict[str, dict[str, np.ndarray]]:
-    """Captured arrays as numpy, with each layer's key validity ``[B, S]`` (decoder self-attention: target side)."""
+    """Captured arrays as numpy, with each layer's key validity ``[B, S]`` (decoder self-attention: target side) and
+    query validity ``[B, T]`` (encoder self-attention: source side; decoder self- and cross-attention: target side)."""
     out = {}
     for name, values in captured.items():
         maps = np.asarray(values["attention_weights"])  # (B, N, T, S)
         keys = np.asarray(batch["targets"] if name.startswith("decoder_self") else batch["inputs"]) != 0
+        queries = np.asarray(batch["inputs"] if name.startswith("encoder_self") else batch["targets"]) != 0
         if maps.shape[-1] == keys.shape[-1] + 1:  # classifier with a CLS token in front
             keys = np.pad(keys, ((0, 0), (1, 0)), constant_values=True)
-        out[name] = {"maps": maps, "valid_keys": keys, "head_outputs": np.asarray(values["head_outputs"])}
+            queries = keys
+        out[name] = {"maps": maps, "valid_keys": keys, "valid_queries": queries,
+                     "head_outputs": np.asarray(values["head_outputs"])}
     return out
 
 
@@ -43,7 +47,7 @@ def track_summary(layers: dict[str, dict[str, np.ndarray]]) -> dict[str, float]:
     """Scalars to log per layer: per-head normalized entropy, layer means and the number of flagged heads."""
     out = {}
     for name, c in layers.items():
-        report = diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"])
+        report = diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"], c.get("valid_queries"))
         for i, value in enumerate(report["entropy"]):
             out[f"heads/{name}/entropy/h{i}"] = value
         for key in ("distance", "self"):

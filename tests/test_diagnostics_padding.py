@@ -1,0 +1,83 @@
+"""Per-head diagnostics average over valid query rows only: appending padding (queries and keys) leaves every
+statistic unchanged, and each average equals a formula written here over the valid rows."""
+
+import numpy as np
+
+from attn_lab.analysis import diagnostics
+
+
+def _random_maps(rng, b, n, t, s, valid_keys):
+    logits = rng.normal(size=(b, n, t, s)) * 2
+    logits = np.where(valid_keys[:, None, None, :], logits, -np.inf)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _padded(maps, valid, extra, rng):
+    """The same examples with ``extra`` padded positions appended; padded query rows get arbitrary distributions
+    over the valid keys (what a kernel produces there), padded key columns get no mass."""
+    b, n, t, _ = maps.shape
+    big = np.zeros((b, n, t + extra, t + extra))
+    big[:, :, :t, :t] = maps
+    junk = rng.random((b, n, extra, t)) * valid[:, None, None, :]
+    big[:, :, t:, :t] = junk / junk.sum(-1, keepdims=True)
+    valid_big = np.concatenate([valid, np.zeros((b, extra), bool)], axis=1)
+    return big, valid_big
+
+
+def test_padding_leaves_statistics_unchanged_and_matches_formula():
+    rng = np.random.default_rng(0)
+    b, n, t = 3, 4, 6
+    valid = np.ones((b, t), bool)
+    valid[1, 4:] = False  # example 1 already has two padded positions
+    valid[2, 5:] = False
+    maps = _random_maps(rng, b, n, t, t, valid)
+    # padded queries of the unpadded batch also get junk rows: they must be ignored as well
+    for i in range(b):
+        for q in np.flatnonzero(~valid[i]):
+            junk = rng.random((n, t)) * valid[i]
+            maps[i, :, q] = junk / junk.sum(-1, keepdims=True)
+    outputs = rng.normal(size=(b, t, n, 3))
+    big, valid_big = _padded(maps, valid, 5, rng)
+    outputs_big = np.concatenate([outputs, rng.normal(size=(b, 5, n, 3)) * 100], axis=1)  # junk at padded rows
+
+    small_report = diagnostics.layer_report(maps, valid, outputs)
+    big_report = diagnostics.layer_report(big, valid_big, outputs_big)
+    for key in ("entropy", "distance", "previous", "self", "next", "first", "output_norm", "mean_kl", "mean_js",
+                "mean_similarity"):
+        np.testing.assert_allclose(big_report[key], small_report[key], rtol=1e-9, atol=1e-12, err_msg=key)
+
+    # naive formulas over the valid query rows, one head at a time
+    rows = [(i, q) for i in range(b) for q in range(t) if valid[i, q]]
+    for h in range(n):
+        ent = dist = prev = first = norm = 0.0
+        for i, q in rows:
+            a = maps[i, h, q]
+            nz = a[a > 0]
+            ent += -(nz * np.log(nz)).sum() / np.log(valid[i].sum())
+            dist += sum(a[k] * abs(q - k) for k in range(t))
+            prev += a[q - 1] if q > 0 else 0.0
+            first += a[0]
+            norm += np.linalg.norm(outputs[i, q, h])
+        m = len(rows)
+        np.testing.assert_allclose(big_report["entropy"][h], ent / m, rtol=1e-6)
+        np.testing.assert_allclose(big_report["distance"][h], dist / m, rtol=1e-9)
+        np.testing.assert_allclose(big_report["previous"][h], prev / m, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(big_report["first"][h], first / m, rtol=1e-9)
+        np.testing.assert_allclose(big_report["output_norm"][h], norm / m, rtol=1e-9)
+
+
+def test_cross_attention_uses_given_query_mask():
+    """Cross-attention (T != S): query validity comes from ``valid_queries``; padded query rows are ignored."""
+    rng = np.random.default_rng(1)
+    b, n, t, s = 2, 3, 4, 5
+    valid_keys = np.ones((b, s), bool)
+    valid_keys[0, 3:] = False
+    valid_queries = np.ones((b, t), bool)
+    valid_queries[1, 2:] = False
+    maps = _random_maps(rng, b, n, t, s, valid_keys)
+    got = diagnostics.normalized_entropy(maps, valid_keys, valid_queries)
+    ent = -(maps * np.log(np.maximum(maps, 1e-300))).sum(-1) / np.log(valid_keys.sum(-1))[:, None, None]  # (B,N,T)
+    want = np.array([ent[:, h][valid_queries].mean() for h in range(n)])
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    assert not np.allclose(diagnostics.normalized_entropy(maps, valid_keys), want)  # all rows counted otherwise
