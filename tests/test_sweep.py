@@ -229,3 +229,32 @@ def test_a_trial_that_dies_of_nan_keeps_its_error_line_in_results_csv_and_the_ta
     assert "| A-h4 | 4 | – | 4 | – | – | – | – | – | 5.0 / 25.5 | failed (1 of 1 seeds) |" in md, md
     assert "| status |" in md and "| A-h2 | 2 |" in md and "| ok |" in md
     assert f"| variant=A-h4,seed=0 | {rows[1]['status']} |" in md
+
+
+def test_wandb_grid_export_maps_every_agent_run_to_exactly_one_trial(tmp_path):
+    """The exported W&B grid, expanded as the sweep server does (the product of every parameter's values), each run
+    turned into the agent's ``${args_json}`` by wandb's own ``create_sweep_command_args``, maps back to exactly one
+    trial, and together the runs cover every trial once (zipped groups travel as one parameter)."""
+    import itertools
+
+    import yaml
+    from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
+
+    from attn_lab.sweep.wandb_sweep import sweep_definition, trial_from_wandb
+
+    path = _experiment(tmp_path, {**BASE, "grid": {"model.num_layers": [1, 2]},
+                                  "zip": [{"model.num_heads": [2, 4], "model.head_dim": [32, 16]}],
+                                  "seeds": [0, 1, 2]})
+    exp = load_experiment(path)
+    definition = yaml.safe_load(yaml.safe_dump(sweep_definition(exp, f"{path}:quick", str(tmp_path / "runs"))))
+    names = list(definition["parameters"])
+    assert "model.num_heads+model.head_dim" in names and "seed" in names
+    runs = [dict(zip(names, values)) for values in
+            itertools.product(*(definition["parameters"][n]["values"] for n in names))]
+    mapped = []
+    for params in runs:
+        (args_json,) = create_sweep_command_args({"args": {k: {"value": v} for k, v in params.items()}})["args_json"]
+        mapped.append(trial_from_wandb(exp, args_json).name)
+    assert len(runs) == len(exp.trials()) == 2 * 2 * 3
+    assert sorted(mapped) == sorted(t.name for t in exp.trials())  # a bijection: each trial exactly once
+    assert "--wandb-trial" in definition["command"] and "${args_json}" in definition["command"]
