@@ -2,7 +2,7 @@
 
 Same constructor arguments and call as flax, and with the ``dense`` kernel the same parameter tree
 (``query``/``key``/``value``/``out`` ``LinearGeneral`` layers), so flax weights load with ``nnx.update`` and give the
-same outputs. Added on top, each for an ablation the source articles ask about:
+same outputs. Added on top, each for an ablation this lab runs:
 
 - ``attention=``: the kernel by registered name or ``{'name': ..., **options}`` (see ``registry.py``);
 - ``head_dim=``: decouples per-head size from ``in_features / num_heads`` (fixed-d_k head-count sweeps);
