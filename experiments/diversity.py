@@ -1,4 +1,4 @@
-"""Head-diversity regularizers (Li et al. 2018; source article 002) against the baseline, on numbers translation.
+"""Head-diversity regularizers (Li et al. 2018; a map-cosine hinge) against the baseline, on numbers translation.
 
   python scripts/sweep.py --config experiments/diversity.py:quick --workdir runs/diversity --vmap-seeds
   python scripts/make_tables.py runs/diversity
@@ -8,6 +8,8 @@ and how many heads can be pruned (importance order) within 1 BLEU of the unprune
 """
 
 WEIGHTS = {"map_cosine": 0.01, "subspace": 1.0, "position": 1.0, "output": 1.0}  # Li et al.: lambda = 1
+# weight 1 here is not lambda 1 in the paper: pairs i<j are averaged and `position` is averaged over query rows,
+# so weight = lambda (N-1)/N (subspace, output) or lambda T (N-1)/N (position); see attn_lab/train/diversity.py
 
 
 def get_experiment(preset: str = "quick") -> dict:

@@ -4,12 +4,28 @@ Each regularizer is a *similarity* between the heads of one attention layer (0 f
 largest for identical heads); the training loss adds ``weight x`` its mean over the chosen layers, so minimizing the
 loss pushes heads apart. All are vectorized over head pairs (one ``[N, N]`` Gram matrix, no loop over heads):
 
-- ``map_cosine`` (source article 002): ``sum_{i<j} relu(cos(A_i, A_j) - tau)``, A_i head i's attention map;
+- ``map_cosine``: ``sum_{i<j} relu(cos(A_i, A_j) - tau)``, A_i head i's attention map -- a hinge on near-duplicate
+  maps (cosine above ``tau``), this lab's own variant of the map-similarity penalty; not taken from a paper;
 - ``subspace``, ``position``, ``output`` (Li et al. 2018, "Multi-Head Attention with Disagreement
-  Regularization"): mean over pairs of the cosine between heads' value vectors, of ``sum |A_i (.) A_j|`` over key
+  Regularization", EMNLP): mean over pairs of the cosine between heads' value vectors, of ``sum |A_i (.) A_j|`` over key
   positions, and of the cosine between heads' outputs -- the negatives of the paper's disagreement terms;
 - ``qk_orthogonal``: mean over pairs of the overlap of the per-head query (and key) projection subspaces, 0 when
   orthogonal, 1 when identical.
+
+Scale against Li et al. (so a weight here maps onto the paper's ``lambda``, which it sets to 1). The paper writes
+each disagreement as ``-(1/N^2) sum_i sum_j s_ij`` over *all* ordered head pairs, diagonal included, with ``N`` heads;
+here pairs are ``i < j`` and averaged. With ``P = N (N - 1) / 2`` pairs:
+
+- ``subspace``, ``output``: cosine, computed per position and example, then averaged. Since ``s_ii = 1``, the paper's
+  similarity is ``1/N + ((N - 1)/N) x`` this value: equal gradients need ``weight = lambda (N - 1) / N``.
+- ``position``: ``s_ij = sum_{t,s} |A_i (.) A_j|`` sums over the ``T`` query rows of one example; here the pair
+  mean is also averaged over the ``T`` query rows (padded rows included, ``T`` the padded length). So this value
+  ``= (sum_{i<j} s_ij) / (P T)``, and the paper's term is ``(1/N^2) sum_i s_ii + (T (N - 1)/N) x`` this value: its
+  ``i = j`` part (``sum |A_i|^2``, which rewards diffuse maps) is not computed here, and the pair part equals the
+  paper's at ``weight = lambda T (N - 1) / N`` -- a factor that grows with the batch's padded length.
+- All terms are means over the examples of the batch.
+
+``tests/test_diversity_scale.py`` checks these relations against the paper's double sums computed naively.
 """
 
 from __future__ import annotations
