@@ -81,7 +81,9 @@ class LinformerAttention(AttentionKernel):
     Options:
       k: projected length (the paper's k; 256 in its main experiments).
       max_len: longest key/value sequence; ``E, F`` are ``[max_len, k]`` and length S uses their first S rows.
-      sharing: 'headwise' (default), 'kv', 'layerwise' (= 'kv' within one module) or 'none' (per key/value head).
+      sharing: 'headwise' (default), 'kv', 'layerwise' or 'none' (per key/value head). 'layerwise' is exactly
+        'kv' (one ``[max_len, k]`` matrix for keys, values and heads); it does not share across layers, since each
+        layer builds its own kernel instance with its own matrix.
     """
 
     supports_causal = False
