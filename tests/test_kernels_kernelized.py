@@ -146,6 +146,16 @@ def test_performer_positive_beats_trig_where_kernel_values_are_small():
     trig = _softmax_error(range(3), q, k, v, num_features=64, features="trig")
     print("performer MAE positive vs trig (small kernel values):", positive, trig)
     assert positive < 0.5 * trig
+    # neither estimate is degenerate (an all-zero output would pass the comparison above): per seed, mean |out|
+    # within 10x of the exact softmax output's
+    exact = float(jnp.mean(jnp.abs(jax.nn.dot_product_attention(q, k, v))))
+    for features in ("positive", "trig"):
+        for seed in range(3):
+            kernel = _kernel("performer", num_heads=2, num_kv_heads=2, head_dim=hd, seed=seed, num_features=64,
+                             features=features)
+            scale = float(jnp.mean(jnp.abs(_attend(kernel, q, k, v)[0])))
+            print(f"performer {features} seed {seed}: mean|out| / mean|exact| = {scale / exact:.3g}")
+            assert exact / 10 < scale < 10 * exact, (features, seed, scale, exact)
 
 
 @pytest.mark.parametrize("features", ["positive", "trig"])
