@@ -164,7 +164,10 @@ def test_decode_ignores_later_inputs_and_unwritten_cache(spec):
     m = _module(spec)
     x = _x(1, (B, T, D), 2.0)
     steps = _decode(m, x)
-    np.testing.assert_allclose(steps, _causal(m, x), rtol=1e-4, atol=1e-4)
+    # Trig features' normalizer can come close to zero (outputs ~1e3 at some rows here), which amplifies the
+    # different summation order of decode vs forward (2e-4 relative seen with jax 0.10.2): a looser rtol for them.
+    rtol = 1e-3 if spec.get("features") == "trig" else 1e-4
+    np.testing.assert_allclose(steps, _causal(m, x), rtol=rtol, atol=1e-4)
     _assert_prefix_unchanged(steps, _decode(m, x, garbage_seed=7), T - 1, "unwritten cache slots")
     for t in CUTS[1:3]:
         _assert_prefix_unchanged(steps, _decode(m, _perturbed(x, t, 50 + t)), t, "later inputs in decode")
