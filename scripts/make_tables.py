@@ -14,6 +14,7 @@ import argparse
 import csv
 import json
 import os
+import pathlib
 import sys
 
 
@@ -29,6 +30,7 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     from attn_lab.reporting.reports import REPORTS
     from attn_lab.reporting.tables import write_tables
+    from attn_lab.train.logging import write_text_atomic
     from attn_lab.sweep.runner import collect
     from attn_lab.sweep.spec import load_experiment
 
@@ -53,8 +55,8 @@ def main(argv: list[str]) -> int:
     print(write_tables(out, exp.report, tables))
     envs = _environments(args.sweep_dir, rows)
     print("Environments of these runs:\n" + "\n".join(f"  {line}" for line in envs))
-    with open(os.path.join(out, "environments.md"), "w") as f:
-        f.write("# Environments of these runs\n\n" + "".join(f"- {line}\n" for line in envs))
+    write_text_atomic(pathlib.Path(out, "environments.md"),
+                      "# Environments of these runs\n\n" + "".join(f"- {line}\n" for line in envs))
     print(f"wrote {out}/{exp.report}.md, .tex, environments.md and PNGs")
     return 0
 
