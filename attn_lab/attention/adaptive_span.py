@@ -182,7 +182,7 @@ class AdaptiveSpanAttention(AttentionKernel):
     supports_decode = False
     supports_dropout = False
 
-    def __init__(self, *, max_span: int = 1024, ramp: float = 32, init_span: float = 0.0, block_size: int = 64,
+    def __init__(self, *, max_span: int = 1024, ramp: float = 32.0, init_span: float = 0.0, block_size: int = 64,
                  **shared: Any):
         super().__init__(**shared)
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
