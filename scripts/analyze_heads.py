@@ -157,14 +157,33 @@ def diagnose_step(a: Any) -> None:
     for kind, grid in a.importance.head_gradient_norms(a.run.state, a.batches, a.shapes, grads).items():
         for layer, row in enumerate(grid):
             layers[f"{kind}/{layer}"]["gradient_norm"] = row.tolist()
+    learned = a.learned.per_head(a.merge(a.run.graphdef, a.run.state))  # spans / alphas of kernels that learn them
+    for name, values in learned.items():
+        layers[name].update({k: v.tolist() for k, v in values.items()})
     a.write("diagnose.json", layers)
-    for stat in ("entropy", "distance", "self", "first", "gradient_norm"):
+    for stat in ("entropy", "distance", "self", "first", "zeros", "gradient_norm"):
         grids = _grids(layers, a.shapes, stat)
         a.plots.grid_plot(os.path.join(a.out_dir, f"diagnose_{stat}.png"), grids, stat)
         a.logger.summary(_per_head(stat, grids))
+    _learned_plots(a, learned)
     for kind in a.shapes:
         a.plots.maps_plot(os.path.join(a.out_dir, f"maps_{kind}.png"), captured, kind, example=a.args.example)
     print("flags:", {name: r["flags"] for name, r in layers.items()})
+
+
+def _learned_plots(a: Any, learned: dict[str, dict[str, np.ndarray]]) -> None:
+    """Per learned quantity: a layer x head grid per attention kind (e.g. adaptive span's spans) and a histogram per
+    kind (e.g. entmax's alphas), as in Sukhbaatar et al.'s and Correia et al.'s figures."""
+    for stat in sorted({k for values in learned.values() for k in values}):
+        by_kind: dict[str, list] = {}
+        for name, values in learned.items():
+            if stat in values:
+                by_kind.setdefault(name.split("/")[0], []).append(values[stat])
+        grids = {kind: np.array(rows) for kind, rows in by_kind.items()}  # (layers, heads)
+        a.plots.grid_plot(os.path.join(a.out_dir, f"learned_{stat}.png"), grids, f"learned {stat} per head")
+        a.plots.histogram_plot(os.path.join(a.out_dir, f"learned_{stat}_hist.png"), grids, xlabel=stat,
+                               title=f"learned {stat} per attention kind")
+        a.logger.summary(_per_head(stat, grids))
 
 
 STEPS = {"importance": importance_step, "ablate": ablate_step, "prune": prune_step, "structural": structural_step,
@@ -174,6 +193,7 @@ STEPS = {"importance": importance_step, "ablate": ablate_step, "prune": prune_st
 def main(argv: list[str]) -> int:
     args = parse(argv)
     from attn_lab.analysis import derived, diagnostics, importance, plots, pruning, structural
+    from attn_lab.train import learned
     from attn_lab.analysis.run import capture_maps, finished_results, load_finished_run
     from attn_lab.train.logging import METRICS_FILE, MetricLogger, write_json_atomic
     from attn_lab.train.steps import merge
@@ -198,7 +218,7 @@ def main(argv: list[str]) -> int:
         args=args, run=run, out_dir=out_dir, logger=logger, batches=batches, score=score,
         shapes=importance.mask_shapes(merge(run.graphdef, run.state)), importance_sums=importance_sums,
         importance=importance, pruning=pruning, diagnostics=diagnostics, structural=structural, derived=derived,
-        plots=plots, capture_maps=capture_maps, load_finished_run=load_finished_run,
+        plots=plots, capture_maps=capture_maps, learned=learned, merge=merge, load_finished_run=load_finished_run,
         finished_results=finished_results,
         write=lambda name, obj: write_json_atomic(os.path.join(out_dir, name), obj))
     logged = iter(range(10**9))  # W&B steps must increase across methods

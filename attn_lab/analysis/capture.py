@@ -13,7 +13,7 @@ from flax import nnx
 
 from attn_lab.analysis import diagnostics
 from attn_lab.models import Ctx
-from attn_lab.train.diversity import attention_layers
+from attn_lab.models import attention_layers
 from attn_lab.train.steps import forward, merge
 
 
@@ -50,7 +50,7 @@ def track_summary(layers: dict[str, dict[str, np.ndarray]]) -> dict[str, float]:
         report = diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"], c.get("valid_queries"))
         for i, value in enumerate(report["entropy"]):
             out[f"heads/{name}/entropy/h{i}"] = value
-        for key in ("distance", "self"):
+        for key in ("distance", "self", "zeros"):
             out[f"heads/{name}/{key}"] = float(np.mean(report[key]))
         out.update({f"heads/{name}/{key}": report[key] for key in ("mean_js", "mean_similarity")})
         out.update({f"heads/{name}/{flag}_heads": float(len(report["flags"][flag])) for flag in ("dead", "duplicate")})

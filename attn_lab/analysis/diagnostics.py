@@ -41,6 +41,14 @@ def normalized_entropy(maps: np.ndarray, valid_keys: np.ndarray, valid_queries: 
     return _mean_rows(ent / np.log(n), _rows(valid_keys, maps, valid_queries))
 
 
+def zero_share(maps: np.ndarray, valid_keys: np.ndarray, valid_queries: np.ndarray | None = None) -> np.ndarray:
+    """Share of a row's valid keys whose weight is exactly 0 (sparse normalizers such as entmax give true zeros;
+    softmax gives none except by underflow)."""
+    keys = np.asarray(valid_keys, bool)[:, None, None, :]  # (B, 1, 1, S)
+    zeros = ((maps == 0) & keys).sum(-1) / np.maximum(keys.sum(-1), 1)  # (B, N, T)
+    return _mean_rows(zeros, _rows(valid_keys, maps, valid_queries))
+
+
 def mean_distance(maps: np.ndarray, valid_keys: np.ndarray, valid_queries: np.ndarray | None = None) -> np.ndarray:
     """Expected |query position - key position| under each row (self-attention maps)."""
     t, s = maps.shape[-2:]
@@ -105,6 +113,7 @@ def layer_report(maps: np.ndarray, valid_keys: np.ndarray, head_outputs: np.ndar
     """Every statistic and flag of one attention layer (JSON-ready); averages over valid query rows only."""
     stats = {"entropy": normalized_entropy(maps, valid_keys, valid_queries),
              "distance": mean_distance(maps, valid_keys, valid_queries),
+             "zeros": zero_share(maps, valid_keys, valid_queries),
              **position_bias(maps, valid_keys, valid_queries)}
     div = pairwise_divergences(maps, valid_keys, valid_queries)
     rows = _rows(valid_keys, maps, valid_queries)  # (B, T)

@@ -37,6 +37,18 @@ def grid_plot(path: str, grids: dict[str, np.ndarray], title: str) -> None:
     _save(fig, path)
 
 
+def histogram_plot(path: str, values: dict[str, np.ndarray], *, xlabel: str, title: str,
+                   bins: np.ndarray | int = 20) -> None:
+    """One histogram panel per name (e.g. learned entmax alpha of every head, per attention kind)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(values), figsize=(4 * len(values), 3), squeeze=False)
+    for ax, (name, v) in zip(axes[0], values.items()):
+        ax.hist(np.ravel(v), bins=bins)
+        ax.set(title=name, xlabel=xlabel, ylabel="heads")
+    fig.suptitle(title)
+    _save(fig, path)
+
+
 def line_plot(path: str, lines: dict[str, tuple[list[float], list[float]]], *, xlabel: str, ylabel: str,
               title: str, spread: dict[str, list[tuple[float, float]]] | None = None) -> None:
     """One line per name through its (x, y) points, e.g. a metric vs % of heads pruned per pruning order;

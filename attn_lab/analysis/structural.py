@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 
 from attn_lab.models import Ctx, count_params
-from attn_lab.train.diversity import attention_layers
+from attn_lab.models import attention_layers
 from attn_lab.train.steps import merge
 
 

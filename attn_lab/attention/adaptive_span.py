@@ -181,6 +181,7 @@ class AdaptiveSpanAttention(AttentionKernel):
     supports_cross = False
     supports_decode = False
     supports_dropout = False
+    penalty_key = "span"  # config.loss.span.weight x penalty(), summed over layers (attn_lab/train/learned.py)
 
     def __init__(self, *, max_span: int = 1024, ramp: float = 32.0, init_span: float = 0.0, block_size: int = 64,
                  **shared: Any):
@@ -203,6 +204,9 @@ class AdaptiveSpanAttention(AttentionKernel):
     def penalty(self) -> jax.Array:
         """Sukhbaatar's span loss of this layer before its coefficient: the mean over heads of z in tokens."""
         return self.spans().mean()
+
+    def learned(self) -> dict[str, jax.Array]:
+        return {"span": self.spans()}
 
     def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
                  deterministic, precision, need_weights):

@@ -213,6 +213,9 @@ class EntmaxAttention(AttentionKernel):
         a = self.alpha_logit[...].astype(jnp.float32)
         return ALPHA_FLOOR + (2.0 - ALPHA_FLOOR) * jax.nn.sigmoid(a)
 
+    def learned(self) -> dict[str, jax.Array]:
+        return {"alpha": self.alphas()}
+
     def _logits(self, query, key, mask, is_causal, precision) -> tuple[jax.Array, jax.Array]:
         """Scaled logits ``[B, N, T, S]`` and the boolean keep mask (rows keeping nothing see all keys at logit 0,
         so they average uniformly, as dense does)."""

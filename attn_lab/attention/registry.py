@@ -32,6 +32,8 @@ class AttentionKernel(nnx.Module):
     supports_decode: ClassVar[bool] = True
     supports_weights: ClassVar[bool] = True  # can materialize the attention matrix it implies
     supports_dropout: ClassVar[bool] = True  # dropout on attention weights (needs the weights)
+    # a kernel with a learned shape regularizes it through ``config.loss.<penalty_key>.weight`` (adaptive span: 'span')
+    penalty_key: ClassVar[str | None] = None
 
     def __init__(self, *, num_heads: int, num_kv_heads: int, head_dim: int, rngs: nnx.Rngs | None = None,
                  dtype: Any = None, param_dtype: Any = None):
@@ -52,6 +54,15 @@ class AttentionKernel(nnx.Module):
         """Call-time guard for kernels used directly (the module checks these when it is built and called):
         self-attention-only kernels need q_len == kv_len; kernels without dropout refuse a training dropout."""
         self.check(cross=key.shape[1] != query.shape[1], dropout=dropout_rate > 0.0 and not deterministic)
+
+    def penalty(self) -> jax.Array:
+        """This layer's regularizer before its config weight (kernels with a ``penalty_key`` define it)."""
+        raise NotImplementedError(f"attention '{self.name}' has no penalty")
+
+    def learned(self) -> dict[str, jax.Array]:
+        """Per-head quantities the kernel learns, ``{name: [num_heads]}`` (adaptive span: 'span'; entmax: 'alpha'),
+        logged at evaluation and reported by head analysis. Kernels whose shape is fixed have none."""
+        return {}
 
     def __call__(self, query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array | None,
                  is_causal: bool, dropout_rng: jax.Array | None, dropout_rate: float, broadcast_dropout: bool,

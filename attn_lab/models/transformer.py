@@ -285,6 +285,19 @@ def build_model(cfg: Any, *, kind: str, vocab_size: int, max_len: int, num_class
     return Classifier(cfg, vocab_size=vocab_size, max_len=max_len, num_classes=num_classes, rngs=rngs, gates=gates)
 
 
+def attention_layers(model: nnx.Module) -> list[tuple[str, int, nnx.Module]]:
+    """(kind, layer, attention module) for every attention of a Seq2Seq or Classifier, in order."""
+    out = []
+    for stack in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
+        if stack is None:
+            continue
+        for layer, block in enumerate(stack.blocks):
+            out.append((block.self_kind, layer, block.self_attn))
+            if block.cross_attn is not None:
+                out.append(("cross", layer, block.cross_attn))
+    return out
+
+
 def count_params(model: nnx.Module) -> int:
     """Number of trainable parameters."""
     return int(sum(np.prod(p.shape) for p in jax.tree.leaves(nnx.state(model, nnx.Param))))

@@ -27,7 +27,7 @@ from attn_lab.data.builders import resolve_data_dir
 from attn_lab.data.pipeline import bucket_lengths
 from attn_lab.data.tasks import is_prepared, max_train_examples, sequence_lengths
 from attn_lab.models import KINDS, parse_head_mask
-from attn_lab.train import diversity
+from attn_lab.train import diversity, learned
 from attn_lab.train.logging import check_wandb_mode
 
 
@@ -74,7 +74,7 @@ def base_config() -> ml_collections.ConfigDict:
         "checkpoint_every": 500, "max_eval_batches": config_dict.placeholder(int),
         "init_from": config_dict.placeholder(str),  # a finished run's folder: start from its parameters
     })
-    c.loss = ml_collections.ConfigDict({"diversity": diversity.default_config()})
+    c.loss = ml_collections.ConfigDict({"diversity": diversity.default_config(), **learned.default_config()})
     c.heads = ml_collections.ConfigDict({
         "track": False,  # per-head diagnostics logged at every evaluation
         # L0 head gates (attn_lab/models/gates.py): penalty l0 * E[open gates], or keep at most `target` of heads
@@ -128,6 +128,7 @@ SCALARS: dict[str, tuple] = {
     "train.grad_clip": _rule(float, "positive (the bound on the global gradient norm; 0 would stop learning)",
                              lambda v: v > 0),
     "train.init_from": _OPTIONAL_STR,
+    **{f"loss.{key}.weight": _NON_NEGATIVE for key in learned.PENALTIES},
     "heads.gates.l0": _NON_NEGATIVE, "heads.gates.dual_lr": _POSITIVE, "heads.gates.lr": _POSITIVE,
     "heads.gates.init": _rule(float),
     "heads.gates.target": _rule(float, "in (0, 1] (the share of heads to keep)", lambda v: 0 < v <= 1, True),
@@ -342,6 +343,7 @@ def validate_config(config: Any) -> None:
     translation = task_kind(config.task) == "translation"
     kernels = _check_model(config.model, config.task)
     diversity.check_config(config.loss.diversity, kernels)
+    learned.check_config(config.loss, kernels)
     _check_diversity_layers(config)
     _check_batch_size(config)
     _check_bleu(config.eval.bleu_tokenize, translation)

@@ -37,7 +37,7 @@ import ml_collections
 import jax.numpy as jnp
 from flax import nnx
 
-from attn_lab.models import KINDS
+from attn_lab.models import KINDS, attention_layers
 
 REGULARIZERS = ("map_cosine", "subspace", "position", "output", "qk_orthogonal")
 NEEDS_MAPS = ("map_cosine", "position")
@@ -122,19 +122,6 @@ def check_config(dcfg: Any, kernels: dict[str, Any]) -> None:
             if dcfg[name].weight > 0 and kernel is not None and not kernel.supports_weights:
                 raise ValueError(f"loss.diversity.{name} needs attention maps, which attention "
                                  f"'{kernel.name}' ({kind}) does not materialize")
-
-
-def attention_layers(model: nnx.Module) -> list[tuple[str, int, nnx.Module]]:
-    """(kind, layer, attention module) for every attention of a Seq2Seq or Classifier, in order."""
-    out = []
-    for stack in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
-        if stack is None:
-            continue
-        for layer, block in enumerate(stack.blocks):
-            out.append((block.self_kind, layer, block.self_attn))
-            if block.cross_attn is not None:
-                out.append(("cross", layer, block.cross_attn))
-    return out
 
 
 def active(dcfg: Any) -> bool:

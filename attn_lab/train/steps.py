@@ -18,6 +18,7 @@ from flax import nnx
 
 from attn_lab.models import Ctx
 from attn_lab.train import diversity as diversity_lib
+from attn_lab.train import learned as learned_lib
 from attn_lab.train import losses
 from attn_lab.train.seeds import seed_map
 
@@ -73,13 +74,14 @@ def forward(model: nnx.Module, batch: dict, kind: str, ctx: Ctx) -> tuple[jax.Ar
 
 def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTransformation, kind: str,
                label_smoothing: float, diversity: Any = None, gates: Any = None,
-               num_steps: int = 1) -> tuple[dict, dict]:
+               num_steps: int = 1, loss_cfg: Any = None) -> tuple[dict, dict]:
     """One optimizer step; dropout keys are ``fold_in(rng, step)`` so a resumed run replays the same noise.
 
     ``diversity`` (``config.loss.diversity``): when any regularizer has a positive weight, the forward pass captures
     what it needs and the loss is task loss + the weighted regularizers (:mod:`attn_lab.train.diversity`).
     ``gates`` (``config.heads.gates``): when enabled, the loss adds the gates' sparsity term
-    (:mod:`attn_lab.models.gates`).
+    (:mod:`attn_lab.models.gates`). ``loss_cfg`` (``config.loss``): penalties of kernels that learn their shape,
+    e.g. ``loss.span.weight`` for adaptive span (:mod:`attn_lab.train.learned`).
     """
     key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
     regularize = diversity is not None and diversity_lib.active(diversity)
@@ -95,6 +97,9 @@ def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTra
         if getattr(model, "gates", None) is not None:  # models built without config.heads.gates have none
             penalty, gate_terms = model.gates.penalty(gates, state["step"] / num_steps)
             reg, terms = reg + penalty, {**terms, **gate_terms}
+        if loss_cfg is not None and learned_lib.active(loss_cfg):
+            penalty, shape_terms = learned_lib.penalty(model, loss_cfg)
+            reg, terms = reg + penalty, {**terms, **shape_terms}
         aux = (task_loss, terms, losses.correct(logits, labels, weights), weight_sum, model_state(model))
         return task_loss + reg, aux
 
@@ -119,11 +124,11 @@ def eval_step(state: dict, batch: dict, *, graphdef: Any, kind: str) -> dict:
 
 def compile_steps(graphdef: Any, tx: optax.GradientTransformation, kind: str, label_smoothing: float,
                   num_seeds: int = 1, diversity: Any = None, gates: Any = None,
-                  num_steps: int = 1) -> tuple[Callable, Callable]:
+                  num_steps: int = 1, loss_cfg: Any = None) -> tuple[Callable, Callable]:
     """The jitted train step (state donated: updated in place) and eval step, over a leading seed axis of the state
     (and of the train batch; eval batches are shared by all seeds)."""
     train = functools.partial(train_step, graphdef=graphdef, tx=tx, kind=kind, label_smoothing=label_smoothing,
-                              diversity=diversity, gates=gates, num_steps=num_steps)
+                              diversity=diversity, gates=gates, num_steps=num_steps, loss_cfg=loss_cfg)
     evaluate = functools.partial(eval_step, graphdef=graphdef, kind=kind)
     return (jax.jit(seed_map(train, num_seeds, (0, 0)), donate_argnums=(0,)),
             jax.jit(seed_map(evaluate, num_seeds, (0, None))))

@@ -26,6 +26,7 @@ from attn_lab.data import load_task
 from attn_lab.environment import environment
 from attn_lab.models import build_model, count_params
 from attn_lab.models.gates import binary_gates
+from attn_lab.train import learned as learned_lib
 from attn_lab.train import metrics as metrics_lib
 from attn_lab.train.checkpoint import CheckpointError, Checkpointer
 from attn_lab.train.config import validate_config
@@ -34,7 +35,7 @@ from attn_lab.train.logging import METRICS_FILE, MetricLogger, write_json_atomic
 from attn_lab.train.parallel import DataParallel, main_process_first
 from attn_lab.train.prefetch import Prefetcher
 from attn_lab.train.seeds import seed_map, stack, stack_batches, unstack
-from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
+from attn_lab.train.steps import compile_steps, init_state, make_optimizer, merge, model_state
 from attn_lab.train.workdir import (RESULTS_FILE, TRAINING_FILE, RunError, describe, finished_results, lock_workdirs,
                                     read_record)
 
@@ -89,7 +90,8 @@ class Run:
                                                         config.train.label_smoothing, num_seeds=n,
                                                         diversity=config.loss.diversity,
                                                         gates=config.heads.gates,
-                                                        num_steps=config.train.num_steps)
+                                                        num_steps=config.train.num_steps,
+                                                        loss_cfg=config.loss)
         self.decode = (compile_decode(self.graphdef, self.task.max_target_length, supports_cached_decoding(models[0]),
                                       num_seeds=n) if self.task.kind == "translation" else None)
         self.capture = (jax.jit(seed_map(capture_step(self.graphdef, self.task.kind), n, (0, None)))
@@ -140,6 +142,17 @@ class Run:
         batch = self.task.dataset("validation", self.config.train.batch_size, train=False)[0]
         captured = self.capture(self.state, batch)  # each array (S, ...)
         per_seed = [track_summary(as_layers(unstack(captured, i), batch)) for i in range(len(self.seeds))]
+        return {k: [s[k] for s in per_seed] for k in per_seed[0]}
+
+    def learned_heads(self, i: int) -> dict[str, dict[str, list[float]]]:
+        """Seed i's per-head values of kernels that learn their shape (spans, alphas), ``{'<kind>/<layer>': ...}``."""
+        model = merge(self.graphdef, self.parallel.fetch(unstack(self.state, i)))
+        return {layer: {k: v.tolist() for k, v in values.items()}
+                for layer, values in learned_lib.per_head(model).items()}
+
+    def learned_stats(self) -> dict[str, list[float]]:
+        """Per seed, as log scalars: what the kernels learn per head; {} when no kernel learns its shape."""
+        per_seed = [learned_lib.scalars(self.learned_heads(i)) for i in range(len(self.seeds))]
         return {k: [s[k] for s in per_seed] for k in per_seed[0]}
 
     def save(self, step: int) -> None:
@@ -401,7 +414,7 @@ def _train_loop(run: Run, stop_after: int | None, prefetch: int = 2) -> LoopStat
                 window, first_window = _Window(), False
             if evaluate:
                 scores = run.evaluate("validation")
-                run.log(step, {f"eval/{k}": [r[k] for r in scores] for k in scores[0]})
+                run.log(step, {f"eval/{k}": [r[k] for r in scores] for k in scores[0]} | run.learned_stats())
                 if run.capture is not None:
                     run.log(step, run.head_stats())
             if save:
@@ -579,6 +592,9 @@ def _finish(run: Run, i: int, step: int, test: dict[str, float], common: dict, t
     if gates is not None:  # which heads the binarized test-time gates keep
         total = sum(np.size(g) for g in gates.values())
         results["gates"] = {"binary": gates, "kept": int(sum(np.sum(g) for g in gates.values())), "total": total}
+    learned = run.learned_heads(i)
+    if learned:  # per-head spans / alphas of kernels that learn their shape
+        results["learned"] = learned
     if not _test_logged(run.workdirs[i], step):
         run.loggers[i].log(step, {f"test/{k}": v for k, v in test.items()})
     run.loggers[i].summary({"final/" + k: v for k, v in test.items()})
