@@ -52,7 +52,8 @@ from attn_lab.attention.registry import default_options, kernel_options  # noqa:
 REF = "jax.nn.dot_product_attention"  # XLA's implementation
 CUDNN = "jax.nn.dot_product_attention/cudnn"  # cuDNN flash attention (GPU, half precision)
 FLAX = "flax.nnx.MultiHeadAttention"
-LINEAR_KERNELS = ("local", "linformer", "performer", "linear")  # the targets' linear-complexity kernels
+LINEAR_KERNELS = ("local", "linformer", "performer", "linear")
+SPANS = (64, 256, 1024)  # adaptive_span rows: learned spans fixed at these (plus its ramp of 32)  # the targets' linear-complexity kernels
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 MEMORY_NOTE = "compiled.memory_analysis(): temp_bytes=temp_size_in_bytes; total_bytes=temp+argument+output"
 
@@ -96,6 +97,8 @@ def bench_options(name: str, length: int) -> list[tuple[str, dict[str, Any]]]:
         impls = getattr(KERNELS[name], "IMPLEMENTATIONS", ("xla",))
         rows = [("dense", {})] if dense_default() not in ("xla", "chunked") else []  # e.g. 'auto': what users get
         return rows + [(f"dense/{impl}", {"implementation": impl}) for impl in ("xla", "chunked") if impl in impls]
+    if name == "adaptive_span":  # every head's span fixed at z = max_span (init_span 1): cost follows the span
+        return [(f"adaptive_span/z{z}", {"max_span": z, "init_span": 1.0}) for z in SPANS if z < length]
     wanted = {"local": {"window": 256}, "linformer": {"k": 256, "max_len": max(4096, length)},
               "performer": {"num_features": 256}}.get(name, {})
     accepted = kernel_options(name)

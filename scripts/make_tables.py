@@ -40,8 +40,10 @@ def main(argv: list[str]) -> int:
     with open(info_path) as f:
         info = json.load(f)
     exp = load_experiment(info["experiment"], root=info["root"])
-    if exp.report not in REPORTS:
-        sys.exit(f"error: experiment '{exp.name}' has report={exp.report!r}; choose from {', '.join(REPORTS)}")
+    report = exp.report_fn or REPORTS.get(exp.report)  # the experiment's own report, else a shared one by name
+    name = exp.report or pathlib.Path(info["experiment"].rsplit(":", 1)[0]).stem  # tables/<name>.md
+    if report is None:
+        sys.exit(f"error: experiment '{exp.name}' has report={exp.report!r}; choose from {', '.join(REPORTS)} or define report() in the experiment file")
     rows = collect(exp, args.sweep_dir)
     if not any(r["status"] in ("ok", "skipped") for r in rows):
         sys.exit(f"error: no finished trial in {args.sweep_dir}")
@@ -51,13 +53,13 @@ def main(argv: list[str]) -> int:
             bench = list(csv.DictReader(f))
     out = args.out or os.path.join(args.sweep_dir, "tables")
     os.makedirs(out, exist_ok=True)
-    tables = REPORTS[exp.report](rows, args.sweep_dir, exp, out, bench)
-    print(write_tables(out, exp.report, tables))
+    tables = report(rows, args.sweep_dir, exp, out, bench)
+    print(write_tables(out, name, tables))
     envs = _environments(args.sweep_dir, rows)
     print("Environments of these runs:\n" + "\n".join(f"  {line}" for line in envs))
     write_text_atomic(pathlib.Path(out, "environments.md"),
                       "# Environments of these runs\n\n" + "".join(f"- {line}\n" for line in envs))
-    print(f"wrote {out}/{exp.report}.md, .tex, environments.md and PNGs")
+    print(f"wrote {out}/{name}.md, .tex, environments.md and PNGs")
     return 0
 
 

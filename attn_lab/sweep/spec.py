@@ -16,6 +16,8 @@ An experiment file (``experiments/<table>.py``) has ``get_experiment(preset) -> 
 - ``analyze``: ``{'what': 'ablate,prune', 'metric': 'bleu', ...}``: ``scripts/analyze_heads.py`` flags run on every
   trial once it finishes (skipped when its ``analysis/<method>.json`` files exist);
 - ``report``: which table ``scripts/make_tables.py`` makes (``head_count``, ``pruning``, ``diversity``, ``variants``).
+  A self-contained experiment instead defines ``report(rows, sweep_dir, exp, out_dir, bench) -> [Table]`` in its own
+  file, next to its published numbers (experiments/dynamic.py), and make_tables uses that.
 
 Everything is checked against the base config before any trial starts: unknown keys, empty axes, zipped lists of
 unequal length and duplicate trials each stop with one line.
@@ -69,6 +71,7 @@ class Experiment:
     variants: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     analyze: dict[str, Any] = dataclasses.field(default_factory=dict)
     report: str | None = None
+    report_fn: Any = None  # the experiment file's own ``report`` function, if it defines one
 
     def trials(self) -> list[Trial]:
         """Every combination of the axes and seeds, named from its swept values."""
@@ -150,7 +153,7 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
     path, _, preset = spec.partition(":")
     if not os.path.exists(path):
         raise ValueError(f"experiment file not found: {path}")
-    raw = _raw_experiment(path, preset or "quick")
+    raw, module = _raw_experiment(path, preset or "quick")
     root = root or PROJECT_ROOT
     config_path = resolve_config(raw["config"], path, root)
     try:
@@ -176,7 +179,7 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
         check_seed(seed, f"{path}: seeds")
     exp = Experiment(name=raw["name"], config=config_path, root=root, overrides=dict(raw.get("overrides", {})),
                      axes=axes, seeds=seeds, variants=dict(variants), analyze=dict(raw.get("analyze", {})),
-                     report=raw.get("report"))
+                     report=raw.get("report"), report_fn=getattr(module, "report", None))
     names = [t.name for t in exp.trials()]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
@@ -184,8 +187,8 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
     return exp
 
 
-def _raw_experiment(path: str, preset: str) -> dict[str, Any]:
-    """``get_experiment(preset)`` of the file, checked for its keys and their types (one line each)."""
+def _raw_experiment(path: str, preset: str) -> tuple[dict[str, Any], Any]:
+    """(``get_experiment(preset)`` of the file, checked for its keys and their types (one line each), the module)."""
     mod_spec = importlib.util.spec_from_file_location("_attn_lab_experiment", path)
     module = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(module)
@@ -207,7 +210,7 @@ def _raw_experiment(path: str, preset: str) -> dict[str, Any]:
     for key, items in (("zip", raw.get("zip", [])), ("variants", raw.get("variants", {}).values())):
         if not all(isinstance(item, dict) for item in items):
             raise ValueError(f"{path}: experiment key '{key}' must be {SHAPES[key][1]}, got {raw[key]!r}")
-    return raw
+    return raw, module
 
 
 def _values(path: str, key: str, values: Any) -> list:
