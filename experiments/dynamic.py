@@ -92,8 +92,9 @@ def _per_kind(sweep_dir: str, group: list[dict], stat: str) -> dict[str, list[fl
 
 
 def _kinds_text(values: dict[str, list[float]], fmt: str) -> str:
-    short = {"encoder_self": "enc", "decoder_self": "dec", "cross": "x"}
-    return " / ".join(f"{short.get(k, k)} {format(np.mean(v), fmt)}" for k, v in sorted(values.items())) or "–"
+    short = {"encoder_self": "enc", "decoder_self": "dec", "cross": "x"}  # in this order, then any other kind
+    kinds = sorted(values, key=lambda k: (list(short).index(k) if k in short else len(short), k))
+    return " / ".join(f"{short.get(k, k)} {format(np.mean(values[k]), fmt)}" for k in kinds) or "–"
 
 
 def _quality_row(variant: str, group: list[dict], sweep_dir: str, base: tuple[float, float] | None) -> list:

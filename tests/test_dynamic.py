@@ -1,0 +1,149 @@
+"""Kernels that learn their shape, through the paths every kernel uses: the span penalty in the loss, per-head
+spans / alphas logged and written, the zero-weight diagnostic, and experiments/dynamic.py's table.
+
+Losses are compared at 'highest' matmul precision (tests/conftest.py) with rtol 1e-5.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from attn_lab.analysis import diagnostics
+from attn_lab.models import attention_layers, build_model
+from attn_lab.train import learned
+from attn_lab.train.config import base_config, validate_config
+from attn_lab.train.seeds import stack
+from attn_lab.train.steps import compile_steps, init_state, make_optimizer, merge, model_state
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(attention: str, **options):
+    c = base_config()
+    c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.num_heads, c.model.dropout = 2, 32, 64, 4, 0.0
+    c.model.attention.name = attention
+    for key, value in options.items():
+        c.model.attention[attention][key] = value
+    c.model.kinds.cross.attention = "dense"
+    return c
+
+
+def _step(c):
+    tx = make_optimizer(c.train)
+    model = build_model(c.model, kind="translation", vocab_size=20, max_len=17, seed=0)
+    graphdef, params, _ = nnx.split(model, nnx.Param, ...)
+    state = init_state(nnx.to_pure_dict(params), model_state(model), tx, 0)
+    batch = {k: np.asarray(jax.random.randint(jax.random.key(i), (1, 4, 16), 1, 20))
+             for i, k in enumerate(("inputs", "targets"))}
+    step, _ = compile_steps(graphdef, tx, "translation", 0.0, loss_cfg=c.loss)
+    return step, stack([state]), batch, graphdef
+
+
+def test_span_penalty_is_weight_times_sum_over_layers_of_mean_span_and_shrinks_spans():
+    """total = task loss + w * sum_layers mean_heads z (Sukhbaatar et al.), z written out from the parameters."""
+    c = _config("adaptive_span", max_span=16, ramp=2.0, init_span=0.5)
+    c.loss.span.weight = 0.05
+    step, state, batch, graphdef = _step(c)
+    fractions = [v for path, v in jax.tree_util.tree_leaves_with_path(state["params"])
+                 if "span_fraction" in jax.tree_util.keystr(path)]
+    assert len(fractions) == 4  # encoder self x2, decoder self x2 (cross stays dense)
+    expected = sum(float(16 * np.clip(np.asarray(f)[0], 0, 1).mean()) for f in fractions)
+    new, metrics = step(state, batch)
+    np.testing.assert_allclose(metrics["span/penalty"][0], expected, rtol=1e-5)
+    np.testing.assert_allclose(metrics["total_loss"][0], metrics["loss"][0] + 0.05 * expected, rtol=1e-5)
+    for _ in range(10):
+        new, metrics = step(new, batch)
+    assert float(metrics["span/penalty"][0]) < expected  # the penalty's gradient reaches the spans
+
+
+def test_no_penalty_term_without_weight():
+    step, state, batch, _ = _step(_config("adaptive_span", max_span=16, ramp=2.0))
+    _, metrics = step(state, batch)
+    assert "span/penalty" not in metrics and "total_loss" not in metrics
+
+
+def test_per_head_values_of_learning_kernels_only():
+    c = _config("entmax", learn_alpha=True, alpha=1.3)
+    model = build_model(c.model, kind="translation", vocab_size=20, max_len=17, seed=0)
+    values = learned.per_head(model)
+    assert sorted(values) == ["decoder_self/0", "decoder_self/1", "encoder_self/0", "encoder_self/1"]
+    for layer in values.values():
+        np.testing.assert_allclose(layer["alpha"], [1.3] * 4, rtol=1e-5)  # initialized at the option
+    flat = learned.scalars(values)
+    assert flat["learned/encoder_self/0/alpha/h3"] == pytest.approx(1.3, rel=1e-5)
+    assert learned.per_head(build_model(_config("dense").model, kind="translation", vocab_size=20, max_len=17,
+                                        seed=0)) == {}
+    assert len(attention_layers(model)) == 6
+
+
+@pytest.mark.parametrize("weight,attention,match", [
+    (1e-3, "dense", "loss.span.weight=0.001 needs an attention kernel with a span penalty"),
+    (-1.0, "adaptive_span", "loss.span.weight must be >= 0, got -1.0")])
+def test_span_weight_errors_are_one_line(weight, attention, match):
+    c = _config(attention)
+    c.loss.span.weight = weight
+    with pytest.raises(ValueError, match=match) as err:
+        validate_config(c)
+    assert "\n" not in str(err.value)
+
+
+def test_zero_share_counts_exact_zeros_among_valid_keys_of_valid_rows():
+    maps = np.array([[[[0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25], [0.1, 0.9, 0, 0]]]])
+    valid = np.array([[True, True, True, False]])  # key 3 is padding; query 3 too
+    # rows 0..2 over keys 0..2: zeros 1/3, 2/3, 0/3 -> mean 1/3
+    np.testing.assert_allclose(diagnostics.zero_share(maps, valid), [1 / 3])
+
+
+def _fake_sweep(tmp_path):
+    """A finished dynamic sweep on disk: results.json (with learned values) and analysis/diagnose.json per trial."""
+    rows = []
+    spec = {"softmax": ({}, 0.90), "entmax15": ({"alpha": [1.5] * 2}, 0.91),
+            "entmax_learned": ({"alpha": [1.1, 1.9]}, 0.92), "adaptive_span": ({"span": [3.0, 40.0]}, 0.85)}
+    for variant, (values, score) in spec.items():
+        for seed in range(3):
+            trial = f"variant={variant},seed={seed}"
+            os.makedirs(tmp_path / trial / "analysis")
+            learned_values = {f"{kind}/{layer}": values for kind in ("encoder_self", "decoder_self")
+                              for layer in range(2)} if values else {}
+            (tmp_path / trial / "results.json").write_text(json.dumps({"learned": learned_values}))
+            zeros = {f"{k}/0": {"zeros": [0.5, 0.5] if "entmax" in variant else [0.0, 0.0]}
+                     for k in ("encoder_self", "decoder_self", "cross")}
+            (tmp_path / trial / "analysis" / "diagnose.json").write_text(json.dumps(zeros))
+            rows.append({"variant": variant, "trial": trial, "status": "ok", "test_loss": 1.0,
+                         "test_exact_match": score + 0.001 * seed, "test_bleu": 90.0, "steps_per_sec": 10.0})
+    return rows
+
+
+def test_dynamic_report_reads_learned_values_and_zero_weights(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    try:
+        import dynamic
+    finally:
+        sys.path.pop(0)
+    tables = dynamic.report(_fake_sweep(tmp_path), str(tmp_path), None, str(tmp_path))
+    quality = {r[0]: r for r in tables[0].rows}
+    assert quality["adaptive_span"][4] == "enc 21.5 / dec 21.5"  # mean of 3 and 40
+    assert quality["entmax_learned"][5] == "enc 1.50 / dec 1.50"
+    assert quality["entmax15"][6] == "enc 50 / dec 50 / x 50" and quality["softmax"][6] == "enc 0 / dec 0 / x 0"
+    assert quality["entmax15"][7] == "29.83"
+    alpha = {r[0]: r for r in tables[1].rows}
+    assert alpha["encoder_self"][3:] == ["50%", "0%", "50%"]  # 1.1 softmax-like, 1.9 sparsemax-like
+    assert len(tables[2].rows) == 3 * 4  # seeds x layers with spans
+    assert "adaptive_span -5.0 points" in tables[0].note and "worse than softmax" in tables[0].note
+
+
+def test_dynamic_presets_resolve_and_bad_preset_is_one_line():
+    from attn_lab.sweep.spec import load_experiment
+    exp = load_experiment(os.path.join(ROOT, "experiments", "dynamic.py:listops_full"))
+    assert exp.report_fn is not None and len(exp.trials()) == 12
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sweep.py"), "--config",
+                          os.path.join(ROOT, "experiments", "dynamic.py:tiny"), "--workdir", "unused", "--dry-run"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
+        "error: unknown preset 'tiny' for experiments/dynamic.py; use quick, full, listops_quick or listops_full"]
