@@ -60,8 +60,8 @@ class AttentionKernel(nnx.Module):
         raise NotImplementedError(f"attention '{self.name}' has no penalty")
 
     def learned(self) -> dict[str, jax.Array]:
-        """Per-head quantities the kernel learns, ``{name: [num_heads]}`` (adaptive span: 'span'; entmax: 'alpha'),
-        logged at evaluation and reported by head analysis. Kernels whose shape is fixed have none."""
+        """Per-head shape parameters, ``{name: [num_heads]}`` (adaptive span: 'span'; entmax: 'alpha', fixed or
+        learned), logged at evaluation and reported by head analysis. Kernels without such a parameter have none."""
         return {}
 
     def __call__(self, query: jax.Array, key: jax.Array, value: jax.Array, *, mask: jax.Array | None,
