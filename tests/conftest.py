@@ -57,3 +57,27 @@ def matmul_precision(request):
     precision = None if request.node.get_closest_marker("default_precision") else "highest"
     with jax.default_matmul_precision(precision):
         yield precision
+
+
+@pytest.fixture
+def tiny_step():
+    """``make(config, max_len=9, length=8, **compile_kwargs) -> (step, stacked state, batch, graphdef)``: a one-seed
+    translation train step of ``config.model`` on random tokens (vocab 20, batch 4), for loss-term tests."""
+    import numpy as np
+    from flax import nnx
+
+    from attn_lab.models import build_model
+    from attn_lab.train.seeds import stack
+    from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
+
+    def make(config, max_len: int = 9, length: int = 8, **compile_kwargs):
+        tx = make_optimizer(config.train)
+        model = build_model(config.model, kind="translation", vocab_size=20, max_len=max_len, seed=0)
+        graphdef, params, _ = nnx.split(model, nnx.Param, ...)
+        state = init_state(nnx.to_pure_dict(params), model_state(model), tx, 0)
+        batch = {k: np.asarray(jax.random.randint(jax.random.key(i), (1, 4, length), 1, 20))
+                 for i, k in enumerate(("inputs", "targets"))}
+        step, _ = compile_steps(graphdef, tx, "translation", 0.0, **compile_kwargs)
+        return step, stack([state]), batch, graphdef
+
+    return make

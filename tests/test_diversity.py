@@ -8,14 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from attn_lab.attention.dense import DenseAttention
-from attn_lab.models import build_model
 from attn_lab.train import diversity
 from attn_lab.train.config import base_config, validate_config
-from attn_lab.train.seeds import stack
-from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
 
 N, T = 4, 6
 
@@ -70,25 +66,19 @@ def _config():
     return c
 
 
-def _tiny(name, weight):
+def _tiny(make, name, weight):
     c = _config()
     c.loss.diversity[name].weight = weight
-    tx = make_optimizer(c.train)
-    model = build_model(c.model, kind="translation", vocab_size=20, max_len=9, seed=0)
-    graphdef, params, _ = nnx.split(model, nnx.Param, ...)
-    state = init_state(nnx.to_pure_dict(params), model_state(model), tx, 0)
-    batch = {k: np.asarray(jax.random.randint(jax.random.key(i), (1, 4, 8), 1, 20))
-             for i, k in enumerate(("inputs", "targets"))}
-    step, _ = compile_steps(graphdef, tx, "translation", 0.0, diversity=c.loss.diversity)
-    return step, stack([state]), batch
+    step, state, batch, _ = make(c, diversity=c.loss.diversity)
+    return step, state, batch
 
 
 @pytest.mark.parametrize("name", diversity.REGULARIZERS)
-def test_total_loss_is_task_loss_plus_weighted_term_and_the_term_pushes_heads_apart(name):
+def test_total_loss_is_task_loss_plus_weighted_term_and_the_term_pushes_heads_apart(name, tiny_step):
     """From the same start, 15 steps with weight 5 end with a lower term than 15 steps with a negligible weight."""
     ends = {}
     for weight in (5.0, 1e-9):
-        step, state, batch = _tiny(name, weight)
+        step, state, batch = _tiny(tiny_step, name, weight)
         state, first = step(state, batch)
         np.testing.assert_allclose(first["total_loss"], first["loss"] + weight * first[f"diversity/{name}"],
                                    rtol=1e-5)

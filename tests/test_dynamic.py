@@ -12,14 +12,11 @@ import sys
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from attn_lab.analysis import diagnostics
 from attn_lab.models import attention_layers, build_model
 from attn_lab.train import learned
 from attn_lab.train.config import base_config, validate_config
-from attn_lab.train.seeds import stack
-from attn_lab.train.steps import compile_steps, init_state, make_optimizer, merge, model_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,22 +31,11 @@ def _config(attention: str, **options):
     return c
 
 
-def _step(c):
-    tx = make_optimizer(c.train)
-    model = build_model(c.model, kind="translation", vocab_size=20, max_len=17, seed=0)
-    graphdef, params, _ = nnx.split(model, nnx.Param, ...)
-    state = init_state(nnx.to_pure_dict(params), model_state(model), tx, 0)
-    batch = {k: np.asarray(jax.random.randint(jax.random.key(i), (1, 4, 16), 1, 20))
-             for i, k in enumerate(("inputs", "targets"))}
-    step, _ = compile_steps(graphdef, tx, "translation", 0.0, loss_cfg=c.loss)
-    return step, stack([state]), batch, graphdef
-
-
-def test_span_penalty_is_weight_times_sum_over_layers_of_mean_span_and_shrinks_spans():
+def test_span_penalty_is_weight_times_sum_over_layers_of_mean_span_and_shrinks_spans(tiny_step):
     """total = task loss + w * sum_layers mean_heads z (Sukhbaatar et al.), z written out from the parameters."""
     c = _config("adaptive_span", max_span=16, ramp=2.0, init_span=0.5)
     c.loss.span.weight = 0.05
-    step, state, batch, graphdef = _step(c)
+    step, state, batch, _ = tiny_step(c, max_len=17, length=16, loss_cfg=c.loss)
     fractions = [v for path, v in jax.tree_util.tree_leaves_with_path(state["params"])
                  if "span_fraction" in jax.tree_util.keystr(path)]
     assert len(fractions) == 4  # encoder self x2, decoder self x2 (cross stays dense)
@@ -62,8 +48,9 @@ def test_span_penalty_is_weight_times_sum_over_layers_of_mean_span_and_shrinks_s
     assert float(metrics["span/penalty"][0]) < expected  # the penalty's gradient reaches the spans
 
 
-def test_no_penalty_term_without_weight():
-    step, state, batch, _ = _step(_config("adaptive_span", max_span=16, ramp=2.0))
+def test_no_penalty_term_without_weight(tiny_step):
+    c = _config("adaptive_span", max_span=16, ramp=2.0)
+    step, state, batch, _ = tiny_step(c, max_len=17, length=16, loss_cfg=c.loss)
     _, metrics = step(state, batch)
     assert "span/penalty" not in metrics and "total_loss" not in metrics
 
