@@ -195,7 +195,8 @@ def main(argv: list[str]) -> int:
     from attn_lab.analysis import derived, diagnostics, importance, plots, pruning, structural
     from attn_lab.train import learned
     from attn_lab.analysis.run import capture_maps, finished_results, load_finished_run
-    from attn_lab.train.logging import METRICS_FILE, MetricLogger, write_json_atomic
+    from attn_lab.io import write_json_atomic
+    from attn_lab.train.logging import METRICS_FILE, MetricLogger
     from attn_lab.train.steps import merge
 
     try:

@@ -47,7 +47,7 @@ from attn_lab.models.transformer import EOS
 from attn_lab.sweep.spec import load_config_file
 from attn_lab.train.config import base_config
 from attn_lab.train.decode import compile_decode, supports_cached_decoding
-from attn_lab.train.logging import write_json_atomic, write_text_atomic
+from attn_lab.io import write_json_atomic, write_text_atomic
 from attn_lab.train.seeds import stack, stack_batches
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
 from attn_lab.train.trainer import Run, _train_loop  # the trainer's own loop, timed as a run uses it

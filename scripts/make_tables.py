@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     from attn_lab.reporting.reports import REPORTS
     from attn_lab.reporting.tables import write_tables
-    from attn_lab.train.logging import write_text_atomic
+    from attn_lab.io import write_text_atomic
     from attn_lab.sweep.runner import collect
     from attn_lab.sweep.spec import load_experiment
 

@@ -25,7 +25,7 @@ from attn_lab.checks import check_seed, check_writable
 from attn_lab.sweep.runner import collect, format_table, override_flags, run_sweep, write_csv
 from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment
 from attn_lab.sweep.wandb_sweep import sweep_definition, trial_from_wandb, write_sweep_yaml
-from attn_lab.train.logging import write_json_atomic
+from attn_lab.io import write_json_atomic
 from attn_lab.train.seeds import parse_seeds
 
 

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 import sentencepiece as sentencepiece_lib
 
 from attn_lab.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID, content_ids
-from attn_lab.train.logging import write_bytes_atomic
+from attn_lab.io import write_bytes_atomic
 
 MODEL_TYPES = ("unigram", "bpe")
 

@@ -105,7 +105,7 @@ def read_json(path: str) -> Any | None:
 
 def write_tables(out_dir: str, name: str, tables: list[Table]) -> str:
     """``<out_dir>/<name>.md`` and ``.tex`` (atomic); returns the Markdown."""
-    from attn_lab.train.logging import write_text_atomic
+    from attn_lab.io import write_text_atomic
 
     os.makedirs(out_dir, exist_ok=True)
     md = "\n".join(t.markdown() for t in tables)

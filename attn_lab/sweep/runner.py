@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from attn_lab.sweep.spec import Experiment, Trial
-from attn_lab.train.logging import write_text_atomic
+from attn_lab.io import write_text_atomic
 
 
 def override_flags(overrides: dict[str, Any]) -> list[str]:

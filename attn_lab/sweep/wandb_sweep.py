@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from attn_lab.sweep.spec import Experiment, Trial
-from attn_lab.train.logging import write_text_atomic
+from attn_lab.io import write_text_atomic
 
 ZIP_SEP = "+"
 

@@ -31,7 +31,8 @@ from attn_lab.train import metrics as metrics_lib
 from attn_lab.train.checkpoint import CheckpointError, Checkpointer
 from attn_lab.train.config import validate_config
 from attn_lab.train.decode import compile_decode, supports_cached_decoding
-from attn_lab.train.logging import METRICS_FILE, MetricLogger, write_json_atomic
+from attn_lab.io import write_json_atomic
+from attn_lab.train.logging import METRICS_FILE, MetricLogger
 from attn_lab.train.parallel import DataParallel, main_process_first
 from attn_lab.train.prefetch import Prefetcher
 from attn_lab.train.seeds import seed_map, stack, stack_batches, unstack
