@@ -94,7 +94,10 @@ def test_sweep_runs_records_failures_resumes_and_collects(tmp_path):
     shutil.rmtree(tmp_path / "runs" / "num_heads=2,seed=0")
     third = subprocess.run(cmd + ["--shard", "0/2"], capture_output=True, text=True, timeout=600)
     assert third.returncode == 0 and "num_heads=2,seed=0: ok" in third.stdout
-    assert sorted(os.listdir(tmp_path / "cache")) == cached  # the repeated trial compiled nothing new: cache hits
+    # the repeated trial's steps were cache hits: no new step entries (small programs such as jit__truncated_normal
+    # may join the cache when a loaded machine makes them cross the 0.5 s threshold)
+    added = set(os.listdir(tmp_path / "cache")) - set(cached)
+    assert not [name for name in added if name.startswith(("jit_train_step", "jit_eval_step"))], added
     again = json.load(open(tmp_path / "runs" / "num_heads=2,seed=0" / "results.json"))
     assert again["final"]["test"]["loss"] == pytest.approx(float(rows[0]["test_loss"]), rel=1e-6)
 
