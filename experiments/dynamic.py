@@ -74,7 +74,7 @@ COLUMN = {"softmax": 0, "entmax15": 1, "entmax_learned": 2}
 
 def _read(path: str) -> dict:
     from attn_lab.reporting.tables import read_json
-    return read_json(path) or {}
+    return read_json(path) or {}  # a trial without analysis (or results) contributes nothing
 
 
 def _per_kind(sweep_dir: str, group: list[dict], stat: str) -> dict[str, list[float]]:
@@ -97,7 +97,7 @@ def _kinds_text(values: dict[str, list[float]], fmt: str) -> str:
     return " / ".join(f"{short.get(k, k)} {format(np.mean(values[k]), fmt)}" for k in kinds) or "–"
 
 
-def _quality_row(variant: str, group: list[dict], sweep_dir: str, base: tuple[float, float] | None) -> list:
+def _quality_row(variant: str, group: list[dict], sweep_dir: str, base_speed: float | None) -> list:
     from attn_lab.reporting.tables import column, mean_std
     metric = "test_exact_match" if any("test_exact_match" in r for r in group) else "test_accuracy"
     scores = [100 * v for v in column(group, metric)]
@@ -105,7 +105,7 @@ def _quality_row(variant: str, group: list[dict], sweep_dir: str, base: tuple[fl
     zeros = {k: [100 * x for x in v] for k, v in _per_kind(sweep_dir, group, "zeros").items()}
     paper = COLUMN.get(variant)
     return [variant, mean_std(scores, 1), mean_std(column(group, "test_bleu"), 1) if metric != "test_accuracy"
-            else "–", f"{steps / base[1]:.2f}x" if base and group else "–",
+            else "–", f"{steps / base_speed:.2f}x" if base_speed and group else "–",
             _kinds_text(_per_kind(sweep_dir, group, "span"), ".1f"),
             _kinds_text(_per_kind(sweep_dir, group, "alpha"), ".2f"), _kinds_text(zeros, ".0f"),
             "–" if paper is None else f"{CORREIA_BLEU['IWSLT17 de-en'][paper]}"]
@@ -165,7 +165,7 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list:
     variant = lambda r: r.get("variant", r["trial"].rsplit(",seed=", 1)[0])  # noqa: E731
     groups = grouped(rows, variant)
     soft = groups.get("softmax", [])
-    base = (0.0, float(np.mean(column(soft, "steps_per_sec")))) if soft else None
+    base = float(np.mean(column(soft, "steps_per_sec"))) if soft else None  # softmax's steps/s
     body = [_quality_row(v, groups.get(v, []), sweep_dir, base) + ([state] if state != "ok" else [])
             for v, state in statuses(rows, variant).items()]
     header = ["attention", "exact match / accuracy %", "BLEU", "train steps/s vs softmax", "mean span (tokens)",

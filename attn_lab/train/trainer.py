@@ -84,6 +84,7 @@ class Run:
                               num_classes=self.task.num_classes, seed=s, gates=config.heads.gates)
                   for s in self.seeds]
         self.num_params = count_params(models[0])
+        self.learns_shape = bool(learned_lib.per_head(models[0]))  # some kernel learns spans / alphas
         self.dispatch = describe_dispatch(models[0])  # which implementation each attention kind gets, for the log
         self.graphdef = nnx.split(models[0], nnx.Param, ...)[0]
         tx, n = make_optimizer(config.train, config.heads.gates), len(self.seeds)
@@ -146,8 +147,12 @@ class Run:
         return {k: [s[k] for s in per_seed] for k in per_seed[0]}
 
     def learned_heads(self, i: int) -> dict[str, dict[str, list[float]]]:
-        """Seed i's per-head values of kernels that learn their shape (spans, alphas), ``{'<kind>/<layer>': ...}``."""
-        model = merge(self.graphdef, self.parallel.fetch(unstack(self.state, i)))
+        """Seed i's per-head values of kernels that learn their shape (spans, alphas), ``{'<kind>/<layer>': ...}``;
+        {} without such kernels (then nothing is fetched from the device)."""
+        if not self.learns_shape:
+            return {}
+        seed = unstack({k: self.state[k] for k in ("params", "model_state")}, i)  # no optimizer state
+        model = merge(self.graphdef, self.parallel.fetch(seed))
         return {layer: {k: v.tolist() for k, v in values.items()}
                 for layer, values in learned_lib.per_head(model).items()}
 
