@@ -10,17 +10,18 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from attn_lab.markdown import cell, markdown_table
+
 
 class Table:
     """A titled table: header plus rows of already formatted cells; renders to Markdown and LaTeX."""
 
     def __init__(self, title: str, header: Sequence[str], rows: Iterable[Sequence[Any]], note: str = ""):
         self.title, self.header, self.note = title, list(header), note
-        self.rows = [[_cell(v) for v in row] for row in rows]
+        self.rows = [[cell(v) for v in row] for row in rows]
 
     def markdown(self) -> str:
-        lines = [f"### {self.title}", "", "| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
-        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in self.rows]
+        lines = [f"### {self.title}", "", markdown_table(self.header, self.rows)]
         return "\n".join(lines + (["", self.note] if self.note else [])) + "\n"
 
     def latex(self) -> str:
@@ -32,12 +33,7 @@ class Table:
         return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"]) + "\n"
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+
 
 
 def mean_std(values: Sequence[float], digits: int = 3) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 from attn_lab.sweep.spec import Experiment, Trial
 from attn_lab.io import write_text_atomic
+from attn_lab.markdown import markdown_table
 
 
 def override_flags(overrides: dict[str, Any]) -> list[str]:
@@ -198,7 +199,4 @@ def format_table(rows: list[dict[str, Any]], metric_keys: tuple[str, ...] = ("te
     cols = [c for c in rows[0] if c not in ("trial", "status")] if rows else []
     cols = [c for c in cols if not c.startswith(("test_", "best_val_")) and c not in ("steps", "steps_per_sec")]
     header = [*cols, *metrics, "status"]
-    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in header) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown_table(header, [[r.get(c, "") for c in header] for r in rows])
