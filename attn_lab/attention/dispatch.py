@@ -195,7 +195,7 @@ def _attention_modules(model: nnx.Module) -> list[tuple[str, Any]]:
     """``(kind, MultiHeadAttention)`` pairs: blocks name their kinds (``self_kind``, plus 'cross' for
     ``cross_attn``); a model without such blocks reports each attention module under its path."""
     found = []
-    for path, node in nnx.iter_graph(model):
+    for _, node in nnx.iter_graph(model):
         if hasattr(node, "self_kind") and hasattr(node, "self_attn"):
             found.append((node.self_kind, node.self_attn))
             if getattr(node, "cross_attn", None) is not None:

@@ -23,7 +23,6 @@ from attn_lab.attention.dense import NEG, apply_weights, group_heads
 from attn_lab.attention.dispatch import call_facts, check_cudnn_option, choose, cudnn_attention, cudnn_refusal
 from attn_lab.attention.registry import AttentionKernel, key_padding, register
 
-
 BLOCKS_PER_REACH = 2  # blocks per side's reach: smaller blocks gather fewer keys outside the band
 GROUPS = 8  # the blocks are processed in this many sequential groups, so only 1/GROUPS of the band is live
 

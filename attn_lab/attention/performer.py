@@ -80,7 +80,7 @@ def gaussian_projection(rng: jax.Array, num_features: int, dim: int, orthogonal:
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
 def draw_projection(seed: jax.Array, index: jax.Array, num_features: int, dim: int, orthogonal: bool) -> jax.Array:
-    """Projection number ``index`` of the stream ``seed`` (float32 holding an integer): ``fold_in(key(seed), index)``."""
+    """Projection number ``index`` of the stream ``seed`` (a float32 holding an integer): ``fold_in(key(seed), i)``."""
     rng = jax.random.fold_in(jax.random.key(seed.astype(jnp.uint32)), index)
     return gaussian_projection(rng, num_features, dim, orthogonal)
 

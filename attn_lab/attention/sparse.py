@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from attn_lab.attention.blocksparse import (Layout, block_sparse_attention, build_layout, clipped_window,
-                                            num_blocks)
+from attn_lab.attention.blocksparse import Layout, block_sparse_attention, build_layout, clipped_window, num_blocks
 from attn_lab.attention.registry import AttentionKernel, key_padding, register
 
 
