@@ -1,0 +1,70 @@
+"""Helpers shared by the test files: seeded random arrays and kernel builders and calls.
+
+Import as ``from tests.helpers import ...``: pytest.ini's ``pythonpath = .`` puts the repository root on sys.path
+for every import mode (prepend, append, importlib) and whether one file or the whole directory is collected, and
+``tests`` resolves to this directory as a namespace package (no ``__init__.py``).
+
+Two random sources are kept apart on purpose, since the same seed gives different numbers:
+
+- ``jax_randn``: ``jax.random.normal(jax.random.key(seed), ...)``. Each new shape compiles a sampler (~1 s on a
+  loaded CPU).
+- ``np_randn``: ``numpy.random.default_rng(seed).standard_normal`` in float64, scaled, then cast once to ``dtype``
+  (no compile per shape); a jax array, or a numpy array with ``as_numpy=True``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from attn_lab.attention import build_kernel
+
+# Keywords of a deterministic kernel call without dropout at the default precision.
+CALL = dict(dropout_rng=None, dropout_rate=0.0, broadcast_dropout=True, precision=None, deterministic=True)
+
+
+# --- random arrays -----------------------------------------------------------------------------------------------
+
+def jax_randn(seed, shape, scale=1.0, dtype=jnp.float32):
+    """``scale * N(0, 1)`` of ``shape`` from ``jax.random.key(seed)``."""
+    x = jax.random.normal(jax.random.key(seed), shape, dtype)
+    return x if scale == 1.0 else scale * x
+
+
+def np_randn(seed, shape, scale=1.0, dtype=np.float32, as_numpy=False):
+    """``scale * N(0, 1)`` of ``shape`` from ``numpy.random.default_rng(seed)``, drawn and scaled in float64 and
+    cast to ``dtype`` once (bfloat16 included); a jax array unless ``as_numpy``."""
+    x = scale * np.random.default_rng(seed).standard_normal(shape)
+    return np.asarray(x, dtype) if as_numpy else jnp.asarray(x, dtype)
+
+
+def seeded_qkv(seed, b, t, s, n, kv, h, scale=1.0, dtype=np.float32, rng="jax"):
+    """``q [b, t, n, h]``, ``k, v [b, s, kv, h]`` from seeds ``seed, seed + 1, seed + 2``; ``scale`` applies to q
+    and k only; ``rng``: "jax" (``jax_randn``) or "numpy" (``np_randn``)."""
+    draw = {"jax": jax_randn, "numpy": np_randn}[rng]
+    return (draw(seed, (b, t, n, h), scale, dtype), draw(seed + 1, (b, s, kv, h), scale, dtype),
+            draw(seed + 2, (b, s, kv, h), 1.0, dtype))
+
+
+def split_qkv(b, t, s, n, kv, h, seed=0, dtype=jnp.float32):
+    """``q [b, t, n, h]``, ``k, v [b, s, kv, h]`` from the three keys of ``jax.random.split(key(seed), 3)``
+    (other numbers than ``seeded_qkv``)."""
+    keys = jax.random.split(jax.random.key(seed), 3)
+    return (jax.random.normal(keys[0], (b, t, n, h), dtype), jax.random.normal(keys[1], (b, s, kv, h), dtype),
+            jax.random.normal(keys[2], (b, s, kv, h), dtype))
+
+
+# --- kernels -----------------------------------------------------------------------------------------------------
+
+def make_kernel(spec, num_heads, num_kv_heads, head_dim, seed=None, **context):
+    """``build_kernel(spec, ...)`` with ``rngs=nnx.Rngs(seed)`` unless ``seed`` is None, and any further build
+    ``context`` (``dtype``...); kernel options belong in ``spec``."""
+    if seed is not None:
+        context["rngs"] = nnx.Rngs(seed)
+    return build_kernel(spec, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, **context)
+
+
+def call_kernel(kernel, q, k, v, mask=None, is_causal=False, need_weights=False, deterministic=True):
+    """``(out, weights or None)`` of a kernel call with ``CALL``'s settings (no dropout when deterministic)."""
+    return kernel(q, k, v, mask=mask, is_causal=is_causal, need_weights=need_weights,
+                  **{**CALL, "deterministic": deterministic})
