@@ -1,4 +1,13 @@
-"""Tables from finished sweeps: rows grouped over seeds (mean +- std), rendered as Markdown and LaTeX."""
+"""Tables from finished sweeps: rows grouped over seeds (mean +- std), rendered as Markdown and LaTeX.
+
+What every experiment's report shares. A report is ``report(rows, sweep_dir, exp, out_dir, bench) -> [Table]`` in
+its experiment file (``experiments/<table>.py``, next to the published numbers it prints): rows from
+:func:`attn_lab.sweep.runner.collect`, the experiment, where to draw PNGs, and the attention benchmark's CSV rows (or
+None). Failed trials stay visible: a row whose trials did not all finish gets a status column ('failed (1 of 3
+seeds)'; its numbers are over the seeds that finished, '–' when none did), and every report ends with the trials
+without results and their error lines. Our tasks are far smaller than the papers', so the published numbers beside
+ours compare shapes and ratios -- which setting wins, and by how much relative to seed spread -- not absolute BLEU.
+"""
 
 from __future__ import annotations
 
@@ -31,9 +40,6 @@ class Table:
                  " & ".join(map(esc, self.header)) + " \\\\", "\\midrule"]
         lines += [" & ".join(map(esc, row)) + " \\\\" for row in self.rows]
         return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"]) + "\n"
-
-
-
 
 
 def mean_std(values: Sequence[float], digits: int = 3) -> str:
@@ -76,6 +82,24 @@ def statuses(rows: list[dict], key: Callable[[dict], Any]) -> dict[Any, str]:
     return out
 
 
+def variant_of(row: dict) -> str:
+    """A row's variant: its ``variant`` column, else its trial name without the seed (a sweep without variants)."""
+    return row.get("variant", row["trial"].rsplit(",seed=", 1)[0])
+
+
+def every_variant(rows: list[dict]) -> list[tuple[str, list[dict], str]]:
+    """(variant, its finished rows, its status) for every variant, failed ones included, in first-seen order."""
+    done = grouped(rows, variant_of)
+    return [(v, done.get(v, []), status) for v, status in statuses(rows, variant_of).items()]
+
+
+def with_status(header: list[str], body: list[list], status: list[str]) -> tuple[list[str], list[list]]:
+    """Adds a status column when some row's trials did not all finish (tables of finished sweeps stay as they were)."""
+    if all(s == "ok" for s in status):
+        return header, body
+    return [*header, "status"], [[*row, s] for row, s in zip(body, status)]
+
+
 def unfinished_table(rows: list[dict]) -> list[Table]:
     """'Trials without results': each failed trial with its status (its error line), then how many were not run
     (yet: another shard's, or an interrupted sweep's); [] when every trial finished."""
@@ -97,6 +121,12 @@ def read_json(path: str) -> Any | None:
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def analyses(sweep_dir: str, group: list[dict], name: str) -> list[Any]:
+    """``analysis/<name>.json`` of every seed of a group that has it (analyze_heads.py writes them per trial)."""
+    found = [read_json(os.path.join(sweep_dir, r["trial"], "analysis", f"{name}.json")) for r in group]
+    return [f for f in found if f is not None]
 
 
 def write_tables(out_dir: str, name: str, tables: list[Table]) -> str:
