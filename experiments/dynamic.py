@@ -12,6 +12,10 @@ come from each run's results.json (``learned``).
 Correia et al. 2019 ("Adaptively Sparse Transformers") replace softmax by alpha-entmax in every attention kind;
 Sukhbaatar et al. 2019 ("Adaptive Attention Span in Transformers") learn a span per head in self-attention (the
 decoder's cross-attention stays softmax here: a distance between two sequences is undefined).
+
+Paper tables: Correia et al. 2019 Table 1 (test BLEU, softmax / 1.5-entmax / alpha-entmax; copied from memory, see
+below) and its learned-alpha finding; Sukhbaatar et al. 2019's test bpc (facebookresearch/adaptive-span README) and
+learned-span finding.
 """
 
 from __future__ import annotations
@@ -19,6 +23,17 @@ from __future__ import annotations
 import os
 
 import numpy as np
+
+from attn_lab.reporting.tables import (
+    Table,
+    column,
+    grouped,
+    mean_std,
+    read_json,
+    statuses,
+    unfinished_table,
+    variant_of,
+)
 
 # Numbers task sequences are <= 64 tokens and ListOps quick's <= 64: a span can cover them all, the ramp is short.
 SPAN = {"model.attention.adaptive_span.max_span": 64, "model.attention.adaptive_span.ramp": 8.0,
@@ -73,7 +88,6 @@ COLUMN = {"softmax": 0, "entmax15": 1, "entmax_learned": 2}
 
 
 def _read(path: str) -> dict:
-    from attn_lab.reporting.tables import read_json
     return read_json(path) or {}  # a trial without analysis (or results) contributes nothing
 
 
@@ -98,7 +112,6 @@ def _kinds_text(values: dict[str, list[float]], fmt: str) -> str:
 
 
 def _quality_row(variant: str, group: list[dict], sweep_dir: str, base_speed: float | None) -> list:
-    from attn_lab.reporting.tables import column, mean_std
     metric = "test_exact_match" if any("test_exact_match" in r for r in group) else "test_accuracy"
     scores = [100 * v for v in column(group, metric)]
     steps = np.mean(column(group, "steps_per_sec")) if group else float("nan")
@@ -111,8 +124,7 @@ def _quality_row(variant: str, group: list[dict], sweep_dir: str, base_speed: fl
             "–" if paper is None else f"{CORREIA_BLEU['IWSLT17 de-en'][paper]}"]
 
 
-def _alpha_table(groups: dict, sweep_dir: str):
-    from attn_lab.reporting.tables import Table
+def _alpha_table(groups: dict, sweep_dir: str) -> Table:
     body = []
     for kind, alphas in sorted(_per_kind(sweep_dir, groups.get("entmax_learned", []), "alpha").items()):
         a = np.asarray(alphas)
@@ -123,8 +135,7 @@ def _alpha_table(groups: dict, sweep_dir: str):
                  body, f"Correia et al.: {CORREIA_ALPHA}. Histogram: analysis/learned_alpha_hist.png per trial.")
 
 
-def _span_table(groups: dict, sweep_dir: str):
-    from attn_lab.reporting.tables import Table
+def _span_table(groups: dict, sweep_dir: str) -> Table:
     body = []
     for row in groups.get("adaptive_span", []):
         learned = _read(os.path.join(sweep_dir, row["trial"], "results.json")).get("learned", {})
@@ -141,7 +152,6 @@ def _span_table(groups: dict, sweep_dir: str):
 
 def _reading(groups: dict) -> str:
     """What reproduces: each variant's score against softmax, in units of the larger seed std."""
-    from attn_lab.reporting.tables import column
     metric = lambda g: [100 * v for v in column(g, "test_exact_match") or column(g, "test_accuracy")]  # noqa: E731
     base = metric(groups.get("softmax", []))
     if len(base) < 2:
@@ -159,15 +169,13 @@ def _reading(groups: dict) -> str:
             "fraction of the span): " + "; ".join(lines) + ".")
 
 
-def report(rows, sweep_dir, exp, out_dir, bench=None) -> list:
+def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     """Quality, speed vs softmax, mean span / alpha / zero weights per kind; learned alpha and span tables."""
-    from attn_lab.reporting.tables import Table, column, grouped, statuses, unfinished_table
-    variant = lambda r: r.get("variant", r["trial"].rsplit(",seed=", 1)[0])  # noqa: E731
-    groups = grouped(rows, variant)
+    groups = grouped(rows, variant_of)
     soft = groups.get("softmax", [])
     base = float(np.mean(column(soft, "steps_per_sec"))) if soft else None  # softmax's steps/s
     body = [_quality_row(v, groups.get(v, []), sweep_dir, base) + ([state] if state != "ok" else [])
-            for v, state in statuses(rows, variant).items()]
+            for v, state in statuses(rows, variant_of).items()]
     header = ["attention", "exact match / accuracy %", "BLEU", "train steps/s vs softmax", "mean span (tokens)",
               "mean alpha", "zero weights %", "Correia IWSLT de-en BLEU"]
     header += ["status"] if any(len(r) > len(header) for r in body) else []

@@ -3,7 +3,26 @@
   python scripts/sweep.py --config experiments/variants.py:quick --workdir runs/variants --vmap-seeds
   python scripts/bench_attention.py --out bench/attention     # speed and memory ratios for the same kernels
   python scripts/make_tables.py runs/variants --bench bench/attention.csv
+
+Paper table: Long Range Arena (Tay et al. 2020), ListOps accuracy and speed / memory vs the Transformer at 1K and
+4K; numbers copied from that paper (below). Self-contained: sweep, report and published numbers all live in this
+file; our speed and memory ratios come from scripts/bench_attention.py's CSV (``bench``).
 """
+
+from __future__ import annotations
+
+import numpy as np
+
+from attn_lab.reporting.tables import (
+    Table,
+    column,
+    every_variant,
+    grouped,
+    mean_std,
+    unfinished_table,
+    variant_of,
+    with_status,
+)
 
 KERNELS = ["dense", "local", "linformer", "performer", "linear", "bigbird", "longformer", "lsh", "strided"]
 
@@ -12,7 +31,7 @@ def get_experiment(preset: str = "quick") -> dict:
     """'quick': sequences of 1000-1024 tokens, a small model, 150 steps, 5 kernels, 2 seeds; 'full': LRA's
     ListOps (depth 10, length up to 2000), every kernel, 3 seeds."""
     if preset == "quick":
-        return {"name": "variants_quick", "config": "configs/listops.py:quick", "report": "variants",
+        return {"name": "variants_quick", "config": "configs/listops.py:quick",
                 "overrides": {"task.min_length": 1000, "task.max_length": 1024, "task.max_depth": 8,
                               "task.num_train": 2400, "task.num_validation": 200, "task.num_test": 200,
                               "model.attention.linformer.max_len": 1025, "model.num_layers": 1,
@@ -20,8 +39,68 @@ def get_experiment(preset: str = "quick") -> dict:
                               "train.eval_every": 150, "train.checkpoint_every": 150},
                 "variants": {k: {"model.attention.name": k} for k in KERNELS[:5]}, "seeds": [0, 1]}
     if preset == "full":
-        return {"name": "variants_full", "config": "configs/listops.py", "report": "variants",
+        return {"name": "variants_full", "config": "configs/listops.py",
                 "overrides": {"task.min_length": 500, "task.max_length": 2000, "task.max_depth": 10,
                               "model.attention.linformer.max_len": 2001},
                 "variants": {k: {"model.attention.name": k} for k in KERNELS}, "seeds": [0, 1, 2]}
     raise ValueError(f"unknown preset '{preset}' for experiments/variants.py; use quick or full")
+
+
+# --- published numbers (Tay et al. 2020, Long Range Arena) ------------------------------------------------------
+# ListOps accuracy (%), and speed vs the Transformer at 1K and 4K (byte-level text, batch 32, TPU v3).
+LRA_LISTOPS = {"dense": 36.37, "local": 15.82, "linformer": 35.70, "lsh": 37.27, "bigbird": 36.05, "linear": 16.13,
+               "performer": 18.01, "longformer": 35.63, "strided": 17.07}
+LRA_SPEED = {"dense": (1.0, 1.0), "local": (1.1, 5.3), "linformer": (1.2, 5.5), "lsh": (0.5, 0.8),
+             "bigbird": (0.9, 1.1), "linear": (1.1, 5.6), "performer": (1.2, 5.7)}
+
+
+def _bench_ratio(bench: list[dict], label: str, length: int, field: str) -> float | None:
+    """Reference / kernel for ``field`` (seconds or temp bytes) at ``length`` from the attention benchmark's CSV."""
+    find = lambda name: next((r for r in bench if r["label"] == name and int(r["length"]) == length
+                              and r[field]), None)
+    ref, mine = find("jax.nn.dot_product_attention"), find(label)
+    return None if ref is None or mine is None else float(ref[field]) / float(mine[field])
+
+
+def _bench_column(bench: list[dict], label: str, length: int, field: str) -> float | None:
+    """A ratio column the benchmark wrote itself (e.g. ``speedup_vs_cudnn``) at ``length``; None where empty."""
+    row = next((r for r in bench if r["label"] == label and int(r["length"]) == length and r.get(field)), None)
+    return None if row is None else float(row[field])
+
+
+def _dense_label(bench: list[dict]) -> str:
+    """The benchmark row of the sweep's ``dense`` variant: ``dense`` with its default options (what training
+    ran) when the CSV has it, else ``dense/xla`` (CSVs from before dense's 'auto' default)."""
+    return "dense" if any(r["label"] == "dense" for r in bench) else "dense/xla"
+
+
+def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
+    """LRA-style: ListOps accuracy per kernel, train speed vs dense in the same sweep, benchmark ratios, LRA's; the
+    ratios vs cuDNN flash attention too when the benchmark measured it (on a GPU that is what dense competes with)."""
+    groups, bench = grouped(rows, variant_of), bench or []
+    dense_sps = np.mean(column(groups.get("dense", []), "steps_per_sec") or [float("nan")])
+    cudnn = any(r.get("speedup_vs_cudnn") for r in bench)
+    fmt = lambda v: "–" if v is None else f"{v:.2f}x"
+    body, status = [], []
+    for variant, g, state in every_variant(rows):
+        status.append(state)
+        label = _dense_label(bench) if variant == "dense" else variant
+        speed = LRA_SPEED.get(variant)
+        vs_cudnn = [f"{fmt(_bench_column(bench, label, 4096, 'speedup_vs_cudnn'))} / "
+                    f"{fmt(_bench_column(bench, label, 4096, 'memory_vs_cudnn'))}"] if cudnn else []
+        body.append([variant, mean_std([100 * a for a in column(g, "test_accuracy")], 1),
+                     f"{np.mean(column(g, 'steps_per_sec')) / dense_sps:.2f}x" if g else "–",
+                     fmt(_bench_ratio(bench, label, 1024, "fwd_bwd_seconds")),
+                     fmt(_bench_ratio(bench, label, 4096, "fwd_bwd_seconds")),
+                     fmt(_bench_ratio(bench, label, 4096, "temp_bytes")), *vs_cudnn,
+                     LRA_LISTOPS.get(variant, "–"), "–" if speed is None else f"{speed[0]}x / {speed[1]}x"])
+    header = ["kernel", "ListOps accuracy %", "train steps/s vs dense", "fwd+bwd speed 1K", "fwd+bwd speed 4K",
+              "memory 4K", *(["speed / memory vs cuDNN 4K"] if cudnn else []), "LRA ListOps %", "LRA speed 1K / 4K"]
+    note = ("Speed and memory ratios: scripts/bench_attention.py (jax.nn.dot_product_attention = 1; '–' when "
+            "its CSV is absent). ")
+    if cudnn:
+        note += ("vs cuDNN: the same ratios against cuDNN flash attention (jax.nn.dot_product_attention with "
+                 "implementation='cudnn' = 1), from the benchmark's own columns. ")
+    header, body = with_status(header, body, status)
+    return [Table("Efficient attention (ListOps)", header, body,
+                  note + "LRA: Tay et al. 2020 (TPU v3, byte-level text for speed)."), *unfinished_table(rows)]

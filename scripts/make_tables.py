@@ -3,9 +3,10 @@
   python scripts/make_tables.py runs/head_count
   python scripts/make_tables.py runs/variants --bench bench/attention.csv
 
-Reads ``<sweep>/sweep.json`` (written by scripts/sweep.py) to find the experiment, collects every trial's
-results.json (and its ``analysis/*.json`` for the pruning and diversity reports), groups seeds (mean +- std) and writes
-``<sweep>/tables/<report>.md``, ``.tex`` and PNGs. The report is the experiment's ``report`` key.
+Reads ``<sweep>/sweep.json`` (written by scripts/sweep.py) to find the experiment file, collects every trial's
+results.json, and hands the rows to the ``report`` function that file defines (it reads the trials' ``analysis/*.json``
+itself where it needs them, groups seeds and prints its published numbers beside ours); writes
+``<sweep>/tables/<experiment file stem>.md``, ``.tex`` and PNGs.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    from attn_lab.reporting.reports import REPORTS
-    from attn_lab.reporting.tables import write_tables
     from attn_lab.io import write_text_atomic
+    from attn_lab.reporting.tables import write_tables
     from attn_lab.sweep.runner import collect
     from attn_lab.sweep.spec import load_experiment
 
@@ -40,10 +40,10 @@ def main(argv: list[str]) -> int:
     with open(info_path) as f:
         info = json.load(f)
     exp = load_experiment(info["experiment"], root=info["root"])
-    report = exp.report_fn or REPORTS.get(exp.report)  # the experiment's own report, else a shared one by name
-    name = exp.report or pathlib.Path(info["experiment"].rsplit(":", 1)[0]).stem  # tables/<name>.md
-    if report is None:
-        sys.exit(f"error: experiment '{exp.name}' has report={exp.report!r}; choose from {', '.join(REPORTS)} or define report() in the experiment file")
+    path = info["experiment"].rsplit(":", 1)[0]
+    if exp.report_fn is None:
+        sys.exit(f"error: {path} defines no report(rows, sweep_dir, exp, out_dir, bench); add one (experiments/*.py)")
+    name = pathlib.Path(path).stem  # tables/<name>.md
     rows = collect(exp, args.sweep_dir)
     if not any(r["status"] in ("ok", "skipped") for r in rows):
         sys.exit(f"error: no finished trial in {args.sweep_dir}")
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
             bench = list(csv.DictReader(f))
     out = args.out or os.path.join(args.sweep_dir, "tables")
     os.makedirs(out, exist_ok=True)
-    tables = report(rows, args.sweep_dir, exp, out, bench)
+    tables = exp.report_fn(rows, args.sweep_dir, exp, out, bench)
     print(write_tables(out, name, tables))
     envs = _environments(args.sweep_dir, rows)
     print("Environments of these runs:\n" + "\n".join(f"  {line}" for line in envs))

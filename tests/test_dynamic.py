@@ -129,7 +129,7 @@ def test_dynamic_presets_resolve_and_bad_preset_is_one_line():
     from attn_lab.sweep.spec import load_experiment
     exp = load_experiment(os.path.join(ROOT, "experiments", "dynamic.py:listops_full"))
     assert exp.report_fn is not None and len(exp.trials()) == 12
-    bad = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sweep.py"), "--config",
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sweep.py"), "--experiment",
                           os.path.join(ROOT, "experiments", "dynamic.py:tiny"), "--workdir", "unused", "--dry-run"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [

@@ -1,14 +1,32 @@
 """Result tables: seed grouping (mean ± std), the published numbers beside ours, Markdown and LaTeX, for every
-report, from sweep rows and analysis files written the way the sweep and analyze_heads write them."""
+experiment's report, from sweep rows and analysis files written the way the sweep and analyze_heads write them; and
+scripts/make_tables.py tabulating any experiment file that defines its own report."""
 
+import importlib.util
 import json
 import math
+import os
+import textwrap
 
 import numpy as np
+import pytest
 
-from attn_lab.reporting import reports
 from attn_lab.reporting.tables import Table, mean_std
 from attn_lab.sweep.spec import Experiment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(path, name):
+    """A file as a module, by path (experiments/ and scripts/ are not packages)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REPORTS = {name: _load(os.path.join(ROOT, "experiments", f"{name}.py"), f"experiment_{name}").report
+           for name in ("head_count", "pruning", "diversity", "variants")}
 
 
 def _rows(variants, metric="test_bleu", base=0.5):
@@ -38,7 +56,7 @@ def test_head_count_table_has_seed_spread_perplexity_and_vaswani(tmp_path):
     variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64},
                 "A-h8": {"model.num_heads": 8, "model.head_dim": 8},
                 "MQA-h8": {"model.num_heads": 8, "model.head_dim": 8, "model.num_kv_heads": 1}}
-    (table,) = reports.head_count(_rows(variants), str(tmp_path), _exp(variants), str(tmp_path))
+    (table,) = REPORTS["head_count"](_rows(variants), str(tmp_path), _exp(variants), str(tmp_path))
     md = table.markdown()
     assert "| A-h1 | 1 | 64 | 1 | 1000 | 0.51 ± 0.01 (3) |" in md and "5.29 / 24.9" in md and "4.92 / 25.8" in md
     assert f"{np.mean([math.exp(1.0), math.exp(1.1), math.exp(1.2)]):.3f}" in md  # perplexity = exp(test loss)
@@ -55,7 +73,7 @@ def test_diversity_table_reads_similarity_and_prunable_heads(tmp_path):
         (analysis / "diagnose.json").write_text(json.dumps({"encoder_self/0": {"mean_similarity": sim}}))
         curve = [{"percent": p, "score": s} for p, s in [(0, 99.0), (25, 98.5), (50, 97.0)]]
         (analysis / "prune.json").write_text(json.dumps({"metric": "bleu", "importance": curve}))
-    (table,) = reports.diversity(rows, str(tmp_path), _exp(variants), str(tmp_path))
+    (table,) = REPORTS["diversity"](rows, str(tmp_path), _exp(variants), str(tmp_path))
     md = table.markdown()
     assert "| baseline | 0.510 ± 0.010 (3) |" in md and "0.800 ± 0.000 (3)" in md and "0.200" in md
     assert "25 ± 0 (3) | 98.50 ± 0.00 (3) |" in md and "27.64 -> 28.51" in md  # 25% within 1 BLEU; Li et al.
@@ -66,7 +84,8 @@ def test_variants_table_joins_benchmark_ratios_and_lra(tmp_path):
     variants = {"dense": {"model.attention.name": "dense"}, "local": {"model.attention.name": "local"}}
     bench = [{"label": "jax.nn.dot_product_attention", "length": "1024", "fwd_bwd_seconds": "1.0", "temp_bytes": "400"},
              {"label": "local", "length": "1024", "fwd_bwd_seconds": "0.25", "temp_bytes": "100"}]
-    (table,) = reports.variants(_rows(variants, "test_accuracy"), str(tmp_path), _exp(variants), str(tmp_path), bench)
+    rows = _rows(variants, "test_accuracy")
+    (table,) = REPORTS["variants"](rows, str(tmp_path), _exp(variants), str(tmp_path), bench)
     md = table.markdown()
     assert "| local | 61.0 ± 1.0 (3) | 0.50x | 4.00x | – | – | 15.82 | 1.1x / 5.3x |" in md
     assert "| dense |" in md and "36.37" in md
@@ -82,7 +101,8 @@ def test_variants_table_shows_cudnn_ratios_when_the_benchmark_has_them(tmp_path)
              row("jax.nn.dot_product_attention/cudnn", "1.0", "4", "1", "1"),
              row("dense/xla", "4.0", "400", "0.25", "0.01"), row("dense", "1.0", "4", "1", "1"),
              row("local", "1.25", "8", "0.8", "0.5")]
-    (table,) = reports.variants(_rows(variants, "test_accuracy"), str(tmp_path), _exp(variants), str(tmp_path), bench)
+    rows = _rows(variants, "test_accuracy")
+    (table,) = REPORTS["variants"](rows, str(tmp_path), _exp(variants), str(tmp_path), bench)
     md = table.markdown()
     assert "| speed / memory vs cuDNN 4K |" in md and "implementation='cudnn' = 1" in md
     assert "| dense | 51.0 ± 1.0 (3) | 1.00x | – | 4.00x | 100.00x | 1.00x / 1.00x | 36.37 |" in md  # default 'dense'
@@ -104,7 +124,7 @@ def test_pruning_report_reads_curves_structural_and_gates(tmp_path):
         (analysis / "gates.json").write_text(json.dumps([
             {"target": 1.0, "kept": 6, "metric": "bleu", "test": 99.0},
             {"target": 0.5, "kept": 3, "binary": binary, "metric": "bleu", "test": 98.0}]))
-    tables = {t.title: t.markdown() for t in reports.pruning(rows, str(tmp_path), _exp({"baseline": {}}),
+    tables = {t.title: t.markdown() for t in REPORTS["pruning"](rows, str(tmp_path), _exp({"baseline": {}}),
                                                               str(tmp_path))}
     assert "| 50% | 0.800 ± 0.000 (3) | 0.400 ± 0.000 (3) | 0.600 ± 0.000 (3) |" in tables["Iterative pruning"]
     assert "1.40 ± 0.00 (3)" in tables["Structural pruning"] and "+17.5%" in tables["Structural pruning"]
@@ -131,7 +151,7 @@ def test_failed_trials_stay_in_every_report_marked_failed(tmp_path):
     rows = _with_failures(_rows(variants), "A-h8", "A-h1")
     rows[-1] = {k: rows[-1][k] for k in ("variant", "seed", "trial")} | {"status": "not run"}  # another shard's
     reports_made = {name: report(rows, str(tmp_path), _exp(variants), str(tmp_path), [])
-                    for name, report in reports.REPORTS.items()}
+                    for name, report in REPORTS.items()}
     head = reports_made["head_count"][0].markdown()
     assert "| A-h1 | 1 | 64 | 1 | 1000 | 0.51 ± 0.01 (2) |" in head  # over the two seeds that finished
     assert "| failed (1 of 3 seeds) |" in head and "| A-h8 | 8 | 8 | 8 | – | – | – | – | – |" in head
@@ -150,5 +170,56 @@ def test_failed_trials_stay_in_every_report_marked_failed(tmp_path):
 
 def test_a_table_of_finished_trials_has_no_status_column(tmp_path):
     variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64}}
-    tables = reports.head_count(_rows(variants), str(tmp_path), _exp(variants), str(tmp_path))
+    tables = REPORTS["head_count"](_rows(variants), str(tmp_path), _exp(variants), str(tmp_path))
     assert len(tables) == 1 and "status" not in tables[0].header
+
+
+def _finished_sweep(sweep, experiment, trials):
+    """A sweep folder as scripts/sweep.py leaves it: sweep.json naming the experiment, results.json per trial."""
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(json.dumps({"experiment": f"{experiment}:quick", "root": ROOT, "name": "x"}))
+    for i, trial in enumerate(trials):
+        (sweep / trial).mkdir()
+        results = {"final": {"test": {"loss": 1.0, "bleu": 20.0 + i}}, "best": {}, "num_params": 10, "steps": 4,
+                   "steps_per_sec": 5.0}
+        (sweep / trial / "results.json").write_text(json.dumps(results))
+
+
+def test_make_tables_tabulates_an_experiment_file_with_its_own_report_and_published_numbers(tmp_path, capsys):
+    """A new table is one new file anywhere on disk: its sweep, report and paper numbers; nothing else is edited."""
+    experiment = tmp_path / "mine" / "my_table.py"
+    experiment.parent.mkdir()
+    experiment.write_text(textwrap.dedent('''
+        """My table (Someone et al. 2099, Table 9; numbers copied from the paper)."""
+        from attn_lab.reporting.tables import Table, column, every_variant, mean_std
+
+        SOMEONE_TABLE9 = {"one": 21.5}  # Someone et al. 2099, Table 9: BLEU
+
+        def get_experiment(preset="quick"):
+            return {"name": "mine", "config": "configs/numbers.py:quick",
+                    "variants": {"one": {"model.num_heads": 1}, "two": {"model.num_heads": 2}}, "seeds": [0, 1]}
+
+        def report(rows, sweep_dir, exp, out_dir, bench=None):
+            body = [[v, mean_std(column(g, "test_bleu"), 1), SOMEONE_TABLE9.get(v)] for v, g, _ in every_variant(rows)]
+            return [Table("Mine", ["variant", "BLEU", "Someone et al."], body, "Published: Someone et al. 2099.")]
+        '''))
+    trials = [f"variant={v},seed={s}" for v in ("one", "two") for s in (0, 1)]
+    _finished_sweep(tmp_path / "runs", experiment, trials)
+    make_tables = _load(os.path.join(ROOT, "scripts", "make_tables.py"), "make_tables")
+    assert make_tables.main([str(tmp_path / "runs"), "--bench", str(tmp_path / "none.csv")]) == 0
+    md = (tmp_path / "runs" / "tables" / "my_table.md").read_text()
+    assert "| one | 20.5 ± 0.7 (2) | 21.5 |" in md and "| two | 22.5 ± 0.7 (2) | – |" in md
+    assert "Published: Someone et al. 2099." in md and (tmp_path / "runs" / "tables" / "my_table.tex").exists()
+    assert md in capsys.readouterr().out
+
+
+def test_make_tables_without_a_report_in_the_experiment_is_one_line(tmp_path):
+    experiment = tmp_path / "bare.py"
+    experiment.write_text("def get_experiment(preset='quick'):\n"
+                          "    return {'name': 'bare', 'config': 'configs/numbers.py:quick', 'seeds': [0]}\n")
+    _finished_sweep(tmp_path / "runs", experiment, ["seed=0"])
+    make_tables = _load(os.path.join(ROOT, "scripts", "make_tables.py"), "make_tables")
+    with pytest.raises(SystemExit) as err:
+        make_tables.main([str(tmp_path / "runs")])
+    assert err.value.code == f"error: {experiment} defines no report(rows, sweep_dir, exp, out_dir, bench); add one " \
+                             "(experiments/*.py)"
