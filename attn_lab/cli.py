@@ -1,4 +1,9 @@
-"""Command-line helpers shared by the scripts: one clear line for a bad flag instead of a traceback."""
+"""The one command-line convention of the scripts and entry points: absl flags (ml_collections config flags where a
+config is taken), parsed by :func:`parse_flags` so that any bad flag is one ``error: ...`` line, never a traceback.
+
+Lists are absl list flags written comma-separated (``--seeds 0,1,2``), parsed once by absl
+(:func:`DEFINE_integer_list` for integers).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,9 @@ import re
 import sys
 
 from absl import flags
+from ml_collections import config_flags
+
+flags.disclaim_key_flags()  # a flag defined through this module belongs to its caller (shown by its --help)
 
 # absl's and ml_collections' reasons for a value that does not parse -> what the key takes
 _REASONS = (("invalid literal for int()", "expected an integer"),
@@ -57,9 +65,12 @@ def _flag_error(error: flags.Error) -> str:
         cause = re.sub(r"^\w+(Error|Exception): ", "", lines[-1])
         return f"{flag.group(1) if flag else '--config'}: {cause}"
     first = re.sub(r"^flag ", "", lines[0]) if lines else str(error)
-    required = re.match(r"(--\w+)=None: Flag", first)
+    required = re.match(r"(--[\w-]+)=None: Flag", first)
     if required:  # absl's message for a required flag left out
         return f"{required.group(1)} is required"
+    unknown = re.match(r"Unknown command line flag '([^']+)'", first)
+    if unknown:
+        return f"unknown flag --{unknown.group(1)}; see --help for the flags this command takes"
     for reason, allowed in _REASONS:
         if reason in first:
             return f"{first.split(': ', 1)[0]}: {allowed}"
@@ -89,6 +100,58 @@ def parse_flags(argv: list[str]) -> list[str]:
     _check_config_file(argv[1:])
     try:
         return flags.FLAGS(argv)
+    except (KeyError, AttributeError) as e:
+        sys.exit(f"error: {_unknown_key(argv, e)}")
+    except flags.Error as e:
+        sys.exit(f"error: {_flag_error(e)}")
+
+
+def main_args(argv: list[str]) -> None:
+    """Stops with one line when positional arguments are left after the flags (every command takes flags only)."""
+    if len(argv) > 1:
+        sys.exit(f"error: unexpected arguments {argv[1:]}; every argument is a --flag")
+
+
+class _IntListParser(flags.ListParser):
+    """``'0,1,2'`` -> ``[0, 1, 2]``; anything else is a flag error (one line through :func:`parse_flags`)."""
+
+    def parse(self, argument):
+        items = super().parse(argument)
+        if isinstance(argument, str) and not items:
+            raise ValueError("give at least one integer, e.g. 0,1,2")
+        try:
+            return [int(item) for item in items]
+        except (TypeError, ValueError):
+            raise ValueError("give comma-separated integers, e.g. 0,1,2") from None
+
+    def flag_type(self) -> str:
+        return "comma separated list of integers"
+
+
+def DEFINE_integer_list(name: str, default: list[int] | None, help: str) -> flags.FlagHolder:  # noqa: N802 (absl)
+    """An absl list flag of integers, written ``--name 0,1,2`` (absl has list flags of strings only)."""
+    return flags.DEFINE(_IntListParser(), name, default, help, serializer=flags.CsvListSerializer(","))
+
+
+def split_config_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(argv without its ``--config.key=value`` flags, those flags): for a command that passes them on to a config
+    it does not load itself (the sweep's trials), checked later against that config by
+    :func:`check_config_overrides`."""
+    overrides = [a for a in argv[1:] if a.startswith("--config.")]
+    for flag in overrides:
+        if "=" not in flag:
+            sys.exit(f"error: {flag}: give the override as --config.key=value (with '=')")
+    return [a for a in argv if a not in overrides], overrides
+
+
+def check_config_overrides(config, overrides: list[str]) -> None:
+    """Applies ``--config.key=value`` flags to ``config`` (a ConfigDict, changed in place) exactly as a config flag
+    would: an unknown key or a value of the wrong type stops with one line, before anything runs."""
+    argv = ["overrides", *overrides]
+    try:
+        holder = flags.FlagValues()  # ml_collections reads the overrides from sys_argv as the flag is defined
+        config_flags.DEFINE_config_dict("config", config, flag_values=holder, sys_argv=argv)
+        holder(argv)
     except (KeyError, AttributeError) as e:
         sys.exit(f"error: {_unknown_key(argv, e)}")
     except flags.Error as e:

@@ -1,68 +1,9 @@
-"""Train one model from a config file.
+"""Train one model from a config file: ``python -m attn_lab.train`` (attn_lab/train/__main__.py), kept as a path.
 
   python scripts/train.py --config configs/numbers.py:quick --workdir runs/x --config.model.num_heads=8
-  python scripts/train.py --config configs/numbers.py:quick --workdir 'runs/x/seed={seed}' --seeds 0,1,2
-
-Running the same command again on the same workdir resumes from its last checkpoint; on a finished run (it has
-results.json) it says so and exits 0, writing nothing. ``--reevaluate`` evaluates the newest checkpoint again into
-``results.reeval-<time>.json`` (results.json and metrics.jsonl stay as the run wrote them). ``--seeds`` trains
-several seeds in one vmapped program, each written to its own folder exactly as a separate run would be.
 """
 
-import json
-import sys
-
-from absl import app, flags, logging
-from ml_collections import config_flags
-
-from attn_lab.checks import check_seed
-from attn_lab.cli import parse_flags
-from attn_lab.train.config import check_parallel, check_workdirs, validate_config
-from attn_lab.train.parallel import initialize_distributed
-from attn_lab.train.seeds import parse_seeds, seed_workdirs
-from attn_lab.train.trainer import reevaluate_seeds, train_seeds
-from attn_lab.train.workdir import RunError, finished_results
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, optionally with ':preset'.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (metrics, checkpoints, W&B, results.json).")
-_SEEDS = flags.DEFINE_string("seeds", None, "Comma-separated seeds trained together (jax.vmap); the workdir "
-                             "must then contain {seed}. Default: config.seed alone.")
-_REEVALUATE = flags.DEFINE_bool("reevaluate", False, "Evaluate the newest checkpoint again (validation and test) into "
-                                "<workdir>/results.reeval-<time>.json; results.json and metrics.jsonl are not touched.")
-flags.mark_flags_as_required(["config", "workdir"])
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        sys.exit(f"error: unexpected arguments {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)  # orbax/tfds INFO lines drown the progress bar
-    config = _CONFIG.value
-    try:  # every check below writes nothing: a bad input stops here, in one line, before any file exists
-        check_parallel(config)  # pure Python, so it can run before jax.distributed starts
-        initialize_distributed(config.parallel)  # multi-host: before any other JAX work
-        validate_config(config)  # every key, path and late option, before any data or compilation
-        seeds = parse_seeds(_SEEDS.value) if _SEEDS.value is not None else [config.seed]
-        for seed in seeds if _SEEDS.value is not None else ():  # config.seed is checked with the config
-            check_seed(seed, "--seeds")
-        workdirs = seed_workdirs(_WORKDIR.value, seeds)
-        check_workdirs(workdirs)
-    except ValueError as e:
-        sys.exit(f"error: {e}")
-    try:
-        if _REEVALUATE.value:
-            for path in reevaluate_seeds(config, workdirs, seeds):
-                print(f"wrote {path}")
-            return 0
-        finished = [finished_results(w) is not None for w in workdirs]  # said by the trainer, not printed again
-        all_results = train_seeds(config, workdirs, seeds)
-    except (FloatingPointError, RunError) as e:  # non-finite loss: the last good checkpoint is kept
-        sys.exit(f"error: {e}")
-    keys = ("final", "best", "num_params", "steps", "wall_time_sec", "steps_per_sec")
-    for workdir, results, done in zip(workdirs, all_results, finished):
-        if not done:
-            print(json.dumps({"workdir": workdir, **{k: results[k] for k in keys if k in results}}, indent=2))
-    return 0
-
+import runpy
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    runpy.run_module("attn_lab.train", run_name="__main__", alter_sys=True)

@@ -1,7 +1,7 @@
 """Every bad input stops in one line naming the key, its value and what is allowed, before anything is written.
 
 Table-driven: the config values go through :func:`validate_config` in process (milliseconds each); the CLI path
-(flag parsing, config files, workdirs, sweep flags and experiment files) runs ``scripts/train.py`` and
+(flag parsing, config files, workdirs, sweep flags and experiment files) runs ``python -m attn_lab.train`` and
 ``scripts/sweep.py`` as subprocesses, started together because each spends seconds importing.
 """
 
@@ -152,9 +152,9 @@ def _run_all(commands: list[list[str]], cwd: str) -> list[subprocess.CompletedPr
     return [subprocess.CompletedProcess(p.args, p.wait(timeout=300), *p.communicate()) for p in procs]
 
 
-TRAIN = [sys.executable, os.path.join(ROOT, "scripts", "train.py")]
+TRAIN = [sys.executable, "-m", "attn_lab.train"]
 QUICK = ["--config", os.path.join(ROOT, "configs", "numbers.py:quick")]
-# (arguments after scripts/train.py; '{w}' is the workdir, '{tmp}' the test folder), what the one line says
+# (arguments after `python -m attn_lab.train`; '{w}' is the workdir, '{tmp}' the test folder), what the one line says
 BAD_TRAIN_FLAGS = [
     (["--config", "configs/nope.py", "--workdir", "{w}"], "--config=configs/nope.py: no such config file"),
     (["--config", os.path.join(ROOT, "configs", "numbers.py:nope"), "--workdir", "{w}"],
@@ -167,6 +167,9 @@ BAD_TRAIN_FLAGS = [
     ([*QUICK, "--workdir", "{w}", "--config.train.grad_clip=-1"], "train.grad_clip must be positive"),
     ([*QUICK, "--workdir", "{tmp}/a_file"], "--workdir='{tmp}/a_file' is a file, not a folder"),
     ([*QUICK, "--workdir", "{w}/{{seed}}", "--seeds", "0,-1"], "--seeds must be an integer in [0, 2**32 - 1], got -1"),
+    ([*QUICK, "--workdir", "{w}/{{seed}}", "--seeds", "0,x"], "--seeds=0,x: give comma-separated integers, e.g. 0,1,2"),
+    ([*QUICK, "--workdir", "{w}", "--seed", "1"], "unknown flag --seed; see --help"),
+    ([*QUICK, "--workdir", "{w}", "extra"], "unexpected arguments ['extra']; every argument is a --flag"),
 ]
 
 
@@ -224,16 +227,28 @@ def test_bad_sweep_command_lines_are_one_line_and_write_nothing(tmp_path):
     sweep = [sys.executable, os.path.join(ROOT, "scripts", "sweep.py")]
     new = str(tmp_path / "new")
     cases = [
-        (["--config", good, "--workdir", new, "--shard", "x"], "--shard='x': give I/N with 0 <= I < N"),
-        (["--config", good, "--workdir", new, "--shard", "3"], "--shard='3': give I/N with 0 <= I < N"),
-        (["--config", good, "--workdir", new, "--parallel", "x"], "argument --parallel: invalid int value: 'x'"),
-        (["--config", noname, "--workdir", new], "experiment key 'name' is missing"),
-        (["--config", good, "--workdir", str(runs)], "num_heads=2,seed=0/results.json cannot be read"),
-        (["--config", good, "--workdir", str(tmp_path / "experiments" / "good.py")], "is a file, not a folder"),
-        (["--config", good, "--workdir", new, "--config.model.num_heads=8"],  # would change trials named num_heads=2
+        (["--experiment", good, "--workdir", new, "--shard", "x"], "--shard='x': give I/N with 0 <= I < N"),
+        (["--experiment", good, "--workdir", new, "--shard", "3"], "--shard='3': give I/N with 0 <= I < N"),
+        (["--experiment", good, "--workdir", new, "--parallel", "x"], "--parallel=x: expected an integer"),
+        (["--experiment", good, "--workdir", new, "--parallel", "0"], "--parallel=0: 0 is not a positive integer"),
+        (["--experiment", good, "--workdir", new, "--seeds", "0,x"], "--seeds=0,x: give comma-separated integers"),
+        (["--experiment", good, "--workdir", new, "--bogus"], "unknown flag --bogus"),
+        (["--experiment", noname, "--workdir", new], "experiment key 'name' is missing"),
+        (["--experiment", good, "--workdir", str(runs)], "num_heads=2,seed=0/results.json cannot be read"),
+        (["--experiment", good, "--workdir", str(tmp_path / "experiments" / "good.py")], "is a file, not a folder"),
+        (["--experiment", good, "--workdir", new, "--config.model.num_heads=8"],  # changes trials named num_heads=2
          "--config.model.num_heads=8: 'model.num_heads' is varied by this sweep (an axis)"),
-        (["--config", good, "--workdir", new, "--config.seed=3"],
+        (["--experiment", good, "--workdir", new, "--config.seed=3"],
          "--config.seed=3: 'seed' is varied by this sweep (the seeds; use --seeds)"),
+        (["--experiment", good, "--workdir", new, "--config.train.num_step=3"],  # checked as a trial would parse it
+         "unknown config key 'config.train.num_step'; did you mean 'config.train.num_steps'?"),
+        (["--experiment", good, "--workdir", new, "--config.train.num_steps=x"],
+         "--config.train.num_steps=x: expected an integer"),
+        (["--experiment", good, "--workdir", new, "--config.train.num_steps", "3"],
+         "--config.train.num_steps: give the override as --config.key=value"),
+        (["--config", good, "--workdir", new],
+         f"--config={good}: the sweep takes its experiment file as --experiment FILE[:preset]"),
+        (["--workdir", new], "--experiment is required"),
     ]
     for (args, message), proc in zip(cases, _run_all([sweep + a for a, _ in cases], ROOT)):
         assert proc.returncode != 0, args

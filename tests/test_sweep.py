@@ -25,10 +25,9 @@ def _experiment(tmp_path, body: dict) -> str:
         target = tmp_path / "configs" / name
         if not target.exists():
             target.symlink_to(os.path.join(ROOT, "configs", name))
-    (tmp_path / "scripts").mkdir(exist_ok=True)
-    for script in ("train.py", "analyze_heads.py"):
-        if not (tmp_path / "scripts" / script).exists():
-            (tmp_path / "scripts" / script).symlink_to(os.path.join(ROOT, "scripts", script))
+    (tmp_path / "scripts").mkdir(exist_ok=True)  # trials train with `python -m attn_lab.train`: no train.py here
+    if not (tmp_path / "scripts" / "analyze_heads.py").exists():  # the analysis is still launched by path
+        (tmp_path / "scripts" / "analyze_heads.py").symlink_to(os.path.join(ROOT, "scripts", "analyze_heads.py"))
     path = tmp_path / "experiments" / "x.py"
     path.write_text(textwrap.dedent(f"""
         def get_experiment(preset="quick"):
@@ -62,7 +61,7 @@ def test_bad_experiment_is_one_line_before_any_trial(tmp_path, body, message):
     path = _experiment(tmp_path, {**BASE, **body})
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         load_experiment(path)
-    proc = subprocess.run([sys.executable, SWEEP, "--config", path, "--workdir", str(tmp_path / "runs")],
+    proc = subprocess.run([sys.executable, SWEEP, "--experiment", path, "--workdir", str(tmp_path / "runs")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
@@ -76,8 +75,8 @@ def test_sweep_runs_records_failures_resumes_and_collects(tmp_path):
         "task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
         "train.num_steps": 4, "train.batch_size": 16, "train.log_every": 2, "train.eval_every": 4,
         "train.checkpoint_every": 4, "train.max_eval_batches": 1, "wandb.mode": "disabled"}})
-    cmd = [sys.executable, SWEEP, "--config", path, "--workdir", str(tmp_path / "runs"), f"--config.task.data_dir={data}",
-           f"--config.compile_cache={tmp_path / 'cache'}"]
+    cmd = [sys.executable, SWEEP, "--experiment", path, "--workdir", str(tmp_path / "runs"),
+           f"--config.task.data_dir={data}", f"--config.compile_cache={tmp_path / 'cache'}"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 1, first.stderr
     assert (tmp_path / "runs" / "num_heads=2,seed=0" / "results.json").exists()
@@ -113,8 +112,8 @@ def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial_then_analyzes_a
         "task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
         "train.num_steps": 4, "train.batch_size": 16, "train.log_every": 2, "train.eval_every": 4,
         "train.checkpoint_every": 4, "train.max_eval_batches": 1, "wandb.mode": "disabled"}})
-    cmd = [sys.executable, SWEEP, "--config", path, "--workdir", str(tmp_path / "runs"), "--vmap-seeds",
-           f"--config.task.data_dir={tmp_path / 'data'}"]
+    cmd = [sys.executable, "-m", "attn_lab.sweep", "--experiment", path, "--workdir", str(tmp_path / "runs"),
+           "--vmap-seeds", f"--config.task.data_dir={tmp_path / 'data'}"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr
     for seed in (0, 1):
@@ -215,7 +214,7 @@ def test_a_trial_that_dies_of_nan_keeps_its_error_line_in_results_csv_and_the_ta
         "train.num_steps": 4, "train.batch_size": 16, "train.log_every": 2, "train.eval_every": 4,
         "train.max_eval_batches": 1, "wandb.mode": "disabled"}})
     runs = tmp_path / "runs"
-    proc = subprocess.run([sys.executable, SWEEP, "--config", path, "--workdir", str(runs),
+    proc = subprocess.run([sys.executable, SWEEP, "--experiment", path, "--workdir", str(runs),
                            f"--config.task.data_dir={tmp_path / 'data'}", "--config.compile_cache="],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr
@@ -261,3 +260,20 @@ def test_wandb_grid_export_maps_every_agent_run_to_exactly_one_trial(tmp_path):
     assert len(runs) == len(exp.trials()) == 2 * 2 * 3
     assert sorted(mapped) == sorted(t.name for t in exp.trials())  # a bijection: each trial exactly once
     assert "--wandb-trial" in definition["command"] and "${args_json}" in definition["command"]
+    assert definition["command"][3:5] == ["--experiment", f"{path}:quick"]
+
+
+def test_trials_run_the_package_entry_point_not_a_script_path(tmp_path):
+    """A trial is ``python -m attn_lab.train`` (the library needs no scripts/ folder), one seed group is one such
+    command with ``--seeds``, and the child finds this attn_lab first on its path."""
+    from attn_lab.sweep.runner import child_env, group_command, trial_command
+
+    exp = load_experiment(_experiment(tmp_path, {**BASE, "seeds": [0, 1]}))
+    first, second = exp.trials()
+    one = trial_command(exp, first, "w", ["--config.train.num_steps=2"])
+    assert one[:3] == [sys.executable, "-m", "attn_lab.train"] and one[3:5] == ["--config", exp.config]
+    assert "--config.seed=0" in one and one[-1] == "--config.train.num_steps=2"
+    group = group_command(exp, [first, second], "runs", [])
+    assert group[:3] == one[:3] and group[group.index("--seeds") + 1] == "0,1"
+    assert group[group.index("--workdir") + 1] == os.path.join("runs", "seed={seed}")
+    assert child_env()["PYTHONPATH"].split(os.pathsep)[0] == ROOT

@@ -1,4 +1,4 @@
-"""Runs a sweep's trials as ``scripts/train.py`` processes and collects their results.
+"""Runs a sweep's trials as ``python -m attn_lab.train`` processes and collects their results.
 
 Each trial gets its own folder under the sweep's workdir; a trial with a ``results.json`` is skipped, so an
 interrupted sweep resumes; a failing trial leaves ``error.txt`` (its last lines of stderr, progress bars removed) and
@@ -31,10 +31,13 @@ def override_flags(overrides: dict[str, Any]) -> list[str]:
             for k, v in overrides.items()]
 
 
+TRAIN = [sys.executable, "-m", "attn_lab.train"]  # the package's entry point: no scripts/ folder needed
+
+
 def trial_command(exp: Experiment, trial: Trial, trial_dir: str, extra: list[str]) -> list[str]:
-    """The ``scripts/train.py`` command of one trial (W&B group = the sweep's name)."""
-    return [sys.executable, os.path.join(exp.root, "scripts", "train.py"), "--config", exp.config,
-            "--workdir", trial_dir, f"--config.wandb.group={exp.name}", *override_flags(trial.overrides), *extra]
+    """The ``python -m attn_lab.train`` command of one trial (W&B group = the sweep's name)."""
+    return [*TRAIN, "--config", exp.config, "--workdir", trial_dir, f"--config.wandb.group={exp.name}",
+            *override_flags(trial.overrides), *extra]
 
 
 def seed_groups(trials: list[Trial]) -> list[list[Trial]]:
@@ -46,7 +49,7 @@ def seed_groups(trials: list[Trial]) -> list[list[Trial]]:
 
 
 def group_command(exp: Experiment, group: list[Trial], workdir: str, extra: list[str]) -> list[str]:
-    """One ``scripts/train.py --seeds`` command for a group of trials that differ only in seed.
+    """One ``python -m attn_lab.train --seeds`` command for a group of trials that differ only in seed.
 
     The workdir is the trials' folder name with ``{seed}`` in place of the seed, so seed i writes into exactly the
     folder its separate trial would have used.
@@ -57,9 +60,8 @@ def group_command(exp: Experiment, group: list[Trial], workdir: str, extra: list
     template = os.path.join(workdir, first.name[: -len(suffix)] + "seed={seed}")
     fixed = {k: v for k, v in first.overrides.items() if k != "seed"}
     seeds = ",".join(str(t.overrides["seed"]) for t in group)
-    return [sys.executable, os.path.join(exp.root, "scripts", "train.py"), "--config", exp.config,
-            "--workdir", template, "--seeds", seeds, f"--config.wandb.group={exp.name}", *override_flags(fixed),
-            *extra]
+    return [*TRAIN, "--config", exp.config, "--workdir", template, "--seeds", seeds,
+            f"--config.wandb.group={exp.name}", *override_flags(fixed), *extra]
 
 
 def run_group(exp: Experiment, group: list[Trial], workdir: str, extra: list[str]) -> dict[str, str]:
@@ -104,7 +106,7 @@ def _run(cmd: list[str], dirs: list[str]) -> str:
     ``'failed: <its error line>'``."""
     for d in dirs:
         os.makedirs(d, exist_ok=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
     if proc.returncode == 0:
         return "ok"
     lines = [line for line in screen_lines(proc.stderr) if not PROGRESS.search(line)]
@@ -112,6 +114,14 @@ def _run(cmd: list[str], dirs: list[str]) -> str:
     for d in dirs:
         write_text_atomic(pathlib.Path(d, "error.txt"), "\n".join(lines[-40:]) + "\n")
     return failed_status(lines)
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment with this attn_lab first on PYTHONPATH, so a trial's ``-m attn_lab.train`` runs
+    the same code as the sweep whether the package is installed or found on the path."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": package_parent + (os.pathsep + path if path else "")}
 
 
 PROGRESS = re.compile(r"\d+%\|")  # a tqdm progress bar: '... 50%|#####     | 6/12 [...]'

@@ -47,7 +47,7 @@ SHAPES: dict[str, tuple[type, str]] = {
     "report": (str, "a table name"),
 }
 REQUIRED = ("name", "config")
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # scripts/, configs/
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/, scripts/
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Trial:
 class Experiment:
     name: str
     config: str  # '/abs/path/x.py[:preset]', resolved by :func:`resolve_config`
-    root: str  # the project root: where scripts/train.py is
+    root: str  # the project root: shipped configs/, and scripts/analyze_heads.py for the analysis
     overrides: dict[str, Any]
     axes: list[list[dict[str, Any]]]  # each axis: its points, a point being {key: value} ('variant': a name)
     seeds: list[int]
@@ -122,11 +122,12 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
 
 
 def _check_key(config: ml_collections.ConfigDict, key: str, where: str) -> None:
-    node = config
-    for part in key.split("."):
-        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-            raise ValueError(f"{where}: unknown config key '{key}'")
-        node = node[part]
+    """``key`` names a field of ``config``: ConfigDict resolves the dotted path itself (a KeyError for a missing
+    field, a TypeError for a sub-key of a plain value)."""
+    try:
+        config[key]
+    except (KeyError, TypeError):
+        raise ValueError(f"{where}: unknown config key '{key}'") from None
 
 
 def resolve_config(config: str, experiment: str, root: str) -> str:
@@ -148,7 +149,7 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
     Args:
       spec: the experiment file, anywhere on disk, with an optional ``:preset`` (default ``quick``).
       root: the project root (default: the repository of this package), where relative config paths not found
-        next to the experiment file are looked up and where ``scripts/train.py`` is.
+        next to the experiment file are looked up and where ``scripts/analyze_heads.py`` is.
     """
     path, _, preset = spec.partition(":")
     if not os.path.exists(path):

@@ -64,13 +64,3 @@ def seed_workdirs(workdir: str, seeds: Sequence[int]) -> list[str]:
         return [workdir]
     return [workdir.replace(SEED_FIELD, str(s)) for s in seeds]
 
-
-def parse_seeds(text: str) -> list[int]:
-    """``'0,1,2'`` -> ``[0, 1, 2]`` (one clear error for anything else)."""
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ValueError(f"--seeds={text!r}: give comma-separated integers, e.g. 0,1,2") from None
-    if not seeds:
-        raise ValueError(f"--seeds={text!r}: give at least one seed")
-    return seeds

@@ -1,0 +1,140 @@
+"""Run an ablation sweep from one experiment file (``python -m attn_lab.sweep``; ``scripts/sweep.py`` and
+``attn-sweep`` run this).
+
+  python -m attn_lab.sweep --experiment experiments/head_count.py:quick --workdir runs/head_count
+  python -m attn_lab.sweep --experiment experiments/head_count.py:quick --workdir runs/head_count --dry-run
+  python -m attn_lab.sweep ... --parallel 2 --shard 0/4 --config.train.num_steps=100
+  python -m attn_lab.sweep ... --seeds 0,1,2 --vmap-seeds
+  python -m attn_lab.sweep ... --export-wandb sweep.yaml   # then: wandb sweep sweep.yaml; wandb agent <id>
+
+Every trial runs ``python -m attn_lab.train`` in its own folder; finished trials are skipped (resume), failures are
+recorded and the rest go on; ``results.csv`` and a summary table are written at the end. Exit code 0 only if every
+selected trial succeeded. Extra ``--config.key=value`` flags are passed to every trial, checked first against the
+base config (key and type, as a trial would parse them); one that sets a key the sweep varies (an axis, a variant's
+key, the seed) stops the sweep before it starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import sys
+
+from absl import app, flags
+
+from attn_lab.checks import check_seed, check_writable
+from attn_lab.cli import DEFINE_integer_list, check_config_overrides, main_args, parse_flags, split_config_overrides
+from attn_lab.io import write_json_atomic
+from attn_lab.sweep.runner import collect, format_table, override_flags, run_sweep, write_csv
+from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment
+from attn_lab.sweep.wandb_sweep import sweep_definition, trial_from_wandb, write_sweep_yaml
+
+_EXPERIMENT = flags.DEFINE_string("experiment", None, "Experiment file, with ':preset' (default quick).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Sweep folder: one sub-folder per trial, results.csv.")
+_DRY_RUN = flags.DEFINE_bool("dry-run", False, "List the trials and their overrides, run nothing.")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "Trial processes at once.", lower_bound=1)
+_SHARD = flags.DEFINE_string("shard", "0/1", "I/N: run every N-th trial starting at I (scheduler arrays).")
+_SEEDS = DEFINE_integer_list("seeds", None, "Comma-separated seeds replacing the experiment's.")
+_VMAP_SEEDS = flags.DEFINE_bool("vmap-seeds", False, "Train the seeds of each trial in one process (jax.vmap).")
+_EXPORT_WANDB = flags.DEFINE_string("export-wandb", None, "Write the sweep as a W&B grid sweep YAML and exit.")
+_WANDB_TRIAL = flags.DEFINE_string("wandb-trial", None, "(W&B agent) run the one trial with these JSON parameters.")
+flags.mark_flags_as_required(["experiment", "workdir"])
+
+
+def parse_sweep_flags(argv: list[str]) -> list[str]:
+    """:func:`attn_lab.cli.parse_flags` for the sweep, whose ``--config.key=value`` flags go to the trials: returns
+    ``[program, *those flags]``. ``--config`` alone would name a config, which a sweep takes from its experiment."""
+    rest, overrides = split_config_overrides(argv)
+    for i, arg in enumerate(rest):
+        if arg == "--config" or arg.startswith("--config="):
+            value = arg.partition("=")[2] or (rest[i + 1] if i + 1 < len(rest) else "")
+            sys.exit(f"error: --config={value}: the sweep takes its experiment file as --experiment FILE[:preset] "
+                     "(the base config is the experiment's 'config')")
+    program, *positional = parse_flags(rest)
+    main_args([program, *positional])
+    return [program, *overrides]
+
+
+def _check_overrides(exp: Experiment, extra: list[str]) -> None:
+    """Pass-through ``--config.x=y`` flags must parse against the base config (known key, right type) and leave the
+    keys the sweep varies alone (checked before anything runs)."""
+    check_config_overrides(load_config_file(exp.config), extra)
+    exp.check_pass_through(dict(flag[len("--config."):].split("=", 1) for flag in extra))
+
+
+def select(exp: Experiment) -> list[Trial]:
+    """The trials this invocation runs: the W&B agent's one trial, or this shard of all of them."""
+    if _WANDB_TRIAL.value:
+        return [trial_from_wandb(exp, _WANDB_TRIAL.value)]
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", _SHARD.value)
+    if not match or not int(match.group(1)) < int(match.group(2)):
+        raise ValueError(f"--shard={_SHARD.value!r}: give I/N with 0 <= I < N, e.g. 0/4")
+    index, count = int(match.group(1)), int(match.group(2))
+    return exp.trials()[index::count]
+
+
+def _check_workdir(exp: Experiment, workdir: str) -> None:
+    """The sweep folder can be written, and every finished trial's results.json there can be read (a rerun skips
+    those trials and tabulates them at the end)."""
+    check_writable(workdir, "--workdir")
+    for trial in exp.trials():
+        path = os.path.join(workdir, trial.name, "results.json")
+        if not os.path.exists(path):
+            continue
+        try:
+            with open(path) as f:
+                json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path} cannot be read ({type(e).__name__}: {str(e)[:80]}); delete it to rerun the "
+                             "trial") from None
+
+
+def _load() -> tuple[Experiment, list[Trial]]:
+    """The experiment (with ``--seeds``) and this invocation's trials, every input checked; writes nothing."""
+    exp = load_experiment(_EXPERIMENT.value)
+    if _SEEDS.value:
+        exp = dataclasses.replace(exp, seeds=_SEEDS.value)
+        for seed in exp.seeds:
+            check_seed(seed, "--seeds")
+    return exp, select(exp)
+
+
+def main(argv: list[str]) -> int:
+    """Checks everything, then lists (``--dry-run``), exports (``--export-wandb``) or runs the trials."""
+    extra, spec, workdir = argv[1:], _EXPERIMENT.value, _WORKDIR.value
+    try:
+        exp, trials = _load()
+        _check_overrides(exp, extra)
+        if not (_EXPORT_WANDB.value or _DRY_RUN.value):
+            _check_workdir(exp, workdir)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    if _EXPORT_WANDB.value:
+        write_sweep_yaml(_EXPORT_WANDB.value, sweep_definition(exp, spec, workdir, extra))
+        print(f"wrote {_EXPORT_WANDB.value}: {len(exp.trials())} trials; run `wandb sweep {_EXPORT_WANDB.value}`, "
+              "then `wandb agent <sweep id>` on each machine")
+        return 0
+    if _DRY_RUN.value:
+        for t in trials:
+            print(t.name, " ".join(override_flags(t.overrides)))
+        return 0
+    os.makedirs(workdir, exist_ok=True)
+    path, _, preset = spec.partition(":")  # for scripts/make_tables.py
+    write_json_atomic(os.path.join(workdir, "sweep.json"), {
+        "experiment": f"{os.path.abspath(path)}:{preset or 'quick'}", "root": exp.root, "name": exp.name})
+    statuses = run_sweep(exp, trials, workdir, parallel=_PARALLEL.value, extra=extra, vmap_seeds=_VMAP_SEEDS.value)
+    rows = collect(exp, workdir, statuses)
+    write_csv(rows, os.path.join(workdir, "results.csv"))
+    print(format_table(rows))
+    return 0 if all(s in ("ok", "skipped") for s in statuses.values()) else 1
+
+
+def run() -> None:
+    """The ``attn-sweep`` console script."""
+    app.run(main, flags_parser=parse_sweep_flags)
+
+
+if __name__ == "__main__":
+    run()
