@@ -27,7 +27,6 @@ length). A GPU user would run cuDNN, not XLA: ratios against XLA alone flatter t
 
 from __future__ import annotations
 
-import argparse
 import csv
 import gc
 import json
@@ -38,16 +37,19 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from absl import app, flags  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from attn_lab.attention import KERNELS, build_kernel  # noqa: E402
 from attn_lab.attention.registry import default_options, kernel_options  # noqa: E402
+from attn_lab.cli import DEFINE_integer_list, main_args, parse_flags  # noqa: E402
 
 REF = "jax.nn.dot_product_attention"  # XLA's implementation
 CUDNN = "jax.nn.dot_product_attention/cudnn"  # cuDNN flash attention (GPU, half precision)
@@ -162,7 +164,7 @@ def short_error(err: BaseException) -> str:
     return ("oom: " if oom or isinstance(err, MemoryError) else "error: ") + text.replace(",", ";")
 
 
-def run_case(case: Case, args: argparse.Namespace, budget: float) -> None:
+def run_case(case: Case, args: SimpleNamespace, budget: float) -> None:
     """Compiles, checks memory against the budget, then times; fills ``case`` in place, never raises."""
     b, n, t = args.batch, args.heads, case.length
     score_bytes = 3 * b * n * t * t * 4  # softmax statistics are float32 at any input dtype
@@ -224,10 +226,10 @@ def priority(label: str) -> int:
     return order.index(label) if label in order else len(order)
 
 
-def plan(args: argparse.Namespace, cudnn: bool = False) -> list[Case]:
+def plan(args: SimpleNamespace, cudnn: bool = False) -> list[Case]:
     """Every (row, length) case: the references (cuDNN when available) and each registered kernel (optionally
     filtered), by length."""
-    wanted = None if args.kernels == "all" else set(args.kernels.split(","))
+    wanted = None if args.kernels == ["all"] else set(args.kernels)
     cases = []
     for length in args.lengths:
         rows = [Case(REF, REF, {}, length, quadratic=True),
@@ -246,7 +248,7 @@ def forms_scores(label: str, cudnn: bool) -> bool:
     return label == "dense/xla" or (label == "dense" and not cudnn)
 
 
-def predicted_seconds(case: Case, done: list[Case], args: argparse.Namespace) -> float:
+def predicted_seconds(case: Case, done: list[Case], args: SimpleNamespace) -> float:
     """Wall time this case will take, from the same row at the last shorter length (0 when unknown).
 
     Time is scaled by length for the targets' linear kernels and by length squared for everything else
@@ -265,7 +267,7 @@ def predicted_seconds(case: Case, done: list[Case], args: argparse.Namespace) ->
 RATIO_COLUMNS = ("speedup_vs_xla", "memory_vs_xla", "speedup_vs_cudnn", "memory_vs_cudnn")
 
 
-def write_csv(cases: list[Case], args: argparse.Namespace, path: Path) -> None:
+def write_csv(cases: list[Case], args: SimpleNamespace, path: Path) -> None:
     """One row per case; the ratio columns are reference / case (higher is better), empty where either is missing
     (the cuDNN ones on every row of a run without cuDNN), so a table reader needs no reference rows."""
     idx = index(cases)
@@ -382,7 +384,7 @@ def fmt_seconds(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
-def write_md(cases: list[Case], args: argparse.Namespace, path: Path, budget: float,
+def write_md(cases: list[Case], args: SimpleNamespace, path: Path, budget: float,
              cudnn_note: str = "") -> list[str]:
     idx = index(cases)
     labels = list(dict.fromkeys(c.label for c in cases))
@@ -468,35 +470,39 @@ def read_csv(path: Path) -> tuple[list[Case], str | None]:
     return cases, next((r["dtype"] for r in rows if r.get("dtype")), None)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--lengths", default="1024,2048,4096,8192,16384")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--dtype", default="float32", choices=tuple(DTYPES),
-                   help="inputs and kernel compute; cuDNN flash attention needs bfloat16 or float16")
-    p.add_argument("--kernels", default="all", help="'all' or comma-separated names/labels (e.g. dense/chunked)")
-    p.add_argument("--max-gib", type=float, default=16.0,
-                   help="memory budget per case (also capped by free RAM, or by the accelerator's memory)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs after the warm-up (halved at 4096, 1 above)")
-    p.add_argument("--case-seconds", type=float, default=45.0,
-                   help="no more timed repeats than fit in this many seconds (warm-up time used if none fit)")
-    p.add_argument("--time-budget", type=float, default=840.0,
-                   help="seconds for all cases; a case predicted (from its row at a shorter length) not to fit "
-                        "in what is left is recorded as skipped")
-    p.add_argument("--out", default="bench/attention", help="output prefix: <out>.csv, <out>.md, <out>.png")
-    p.add_argument("--replot", action="store_true", help="redraw <out>.md and <out>.png from <out>.csv, run nothing")
-    p.add_argument("--quick", action="store_true", help="lengths 256,512 and batch 1 (smoke test, < 1 minute)")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.lengths, args.batch, args.repeats = "256,512", 1, min(args.repeats, 2)
-    args.lengths = [int(t) for t in str(args.lengths).split(",")]
+_LENGTHS = DEFINE_integer_list("lengths", [1024, 2048, 4096, 8192, 16384], "Sequence lengths, comma-separated.")
+_BATCH = flags.DEFINE_integer("batch", 4, "Batch size.", lower_bound=1)
+_HEADS = flags.DEFINE_integer("heads", 8, "Attention heads.", lower_bound=1)
+_HEAD_DIM = flags.DEFINE_integer("head-dim", 64, "Head dimension.", lower_bound=1)
+_DTYPE = flags.DEFINE_enum("dtype", "float32", list(DTYPES),
+                           "Inputs and kernel compute; cuDNN flash attention needs bfloat16 or float16.")
+_KERNELS = flags.DEFINE_list("kernels", ["all"], "'all' or comma-separated names/labels (e.g. dense/chunked).")
+_MAX_GIB = flags.DEFINE_float("max-gib", 16.0, "Memory budget per case (also capped by free RAM, or by the "
+                              "accelerator's memory).")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs after the warm-up (halved at 4096, 1 above).", lower_bound=1)
+_CASE_SECONDS = flags.DEFINE_float("case-seconds", 45.0, "No more timed repeats than fit in this many seconds "
+                                   "(warm-up time used if none fit).")
+_TIME_BUDGET = flags.DEFINE_float("time-budget", 840.0, "Seconds for all cases; a case predicted (from its row at a "
+                                  "shorter length) not to fit in what is left is recorded as skipped.")
+_OUT = flags.DEFINE_string("out", "bench/attention", "Output prefix: <out>.csv, <out>.md, <out>.png.")
+_REPLOT = flags.DEFINE_bool("replot", False, "Redraw <out>.md and <out>.png from <out>.csv, run nothing.")
+_QUICK = flags.DEFINE_bool("quick", False, "Lengths 256,512 and batch 1 (smoke test, < 1 minute).")
+
+
+def settings() -> SimpleNamespace:
+    """The parsed flags as one object (``--quick`` applied): what the cases and the tables are made from."""
+    args = SimpleNamespace(lengths=_LENGTHS.value, batch=_BATCH.value, heads=_HEADS.value, head_dim=_HEAD_DIM.value,
+                           dtype=_DTYPE.value, kernels=_KERNELS.value, max_gib=_MAX_GIB.value, repeats=_REPEATS.value,
+                           case_seconds=_CASE_SECONDS.value, time_budget=_TIME_BUDGET.value, out=_OUT.value,
+                           replot=_REPLOT.value)
+    if _QUICK.value:
+        args.lengths, args.batch, args.repeats = [256, 512], 1, min(args.repeats, 2)
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str]) -> None:
+    main_args(argv)
+    args = settings()
     budget = min(args.max_gib * 2**30, available_bytes())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -532,4 +538,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    app.run(main, flags_parser=parse_flags)

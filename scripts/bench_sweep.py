@@ -3,14 +3,14 @@
   python scripts/bench_sweep.py                       # quick head-count sweep, seeds 0,1,2: separate vs --vmap-seeds
   python scripts/bench_sweep.py --modes separate,vmap,separate-parallel2,vmap-parallel2 --out docs/bench_sweep.md
 
-Each mode runs the real ``scripts/sweep.py`` into a fresh folder and is timed end to end (process start, data,
-compilation, training, evaluation, W&B, results), so the ratio is what a user of the sweep gets. Also reports each
-mode's mean test metric, which must agree across modes (the same trials were trained).
+Each mode runs the real sweep (``python -m attn_lab.sweep``) into a fresh folder and is timed end to end (process
+start, data, compilation, training, evaluation, W&B, results), so the ratio is what a user of the sweep gets. Also
+reports each mode's mean test metric, which must agree across modes (the same trials were trained). Extra
+``--config.key=value`` flags go to every sweep.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -20,17 +20,30 @@ import subprocess
 import sys
 import time
 
+from absl import app, flags
+
+from attn_lab.cli import DEFINE_integer_list, main_args, parse_flags, split_config_overrides
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = {"separate": [], "vmap": ["--vmap-seeds"], "separate-parallel2": ["--parallel", "2"],
          "vmap-parallel2": ["--vmap-seeds", "--parallel", "2"]}
 
 
-def run_mode(args: argparse.Namespace, mode: str, extra: list[str]) -> dict:
+_EXPERIMENT = flags.DEFINE_string("experiment", "experiments/head_count.py:quick", "Experiment file[:preset].")
+_SEEDS = DEFINE_integer_list("seeds", [0, 1, 2], "Comma-separated seeds of every mode's sweep.")
+_MODES = flags.DEFINE_list("modes", ["separate", "vmap"], f"Comma-separated, from {', '.join(MODES)}.")
+_WORKDIR = flags.DEFINE_string("workdir", "bench/sweep", "Folder of the sweeps, one per mode, and bench_sweep.json.")
+_OUT = flags.DEFINE_string("out", None, "Also write the Markdown table here.")
+flags.register_validator("modes", lambda modes: set(modes) <= set(MODES),
+                         f"give comma-separated modes from {', '.join(MODES)}")
+
+
+def run_mode(mode: str, extra: list[str]) -> dict:
     """One timed sweep in ``<workdir>/<mode>``; returns wall time, trials/hour and the mean test metric."""
-    workdir = os.path.join(args.workdir, mode)
+    workdir = os.path.join(_WORKDIR.value, mode)
     shutil.rmtree(workdir, ignore_errors=True)
-    cmd = [sys.executable, os.path.join(ROOT, "scripts", "sweep.py"), "--config", args.experiment, "--workdir",
-           workdir, "--seeds", args.seeds, *MODES[mode], *extra]
+    cmd = [sys.executable, "-m", "attn_lab.sweep", "--experiment", _EXPERIMENT.value, "--workdir", workdir,
+           "--seeds", ",".join(map(str, _SEEDS.value)), *MODES[mode], *extra]
     start = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     wall = time.time() - start
@@ -52,33 +65,30 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def parse_bench_flags(argv: list[str]) -> list[str]:
+    """absl flags (one-line errors); the ``--config.key=value`` flags are returned for the sweeps."""
+    rest, overrides = split_config_overrides(argv)
+    main_args(parse_flags(rest))
+    return [rest[0], *overrides]
+
+
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--experiment", default="experiments/head_count.py:quick")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--modes", default="separate,vmap", help=f"comma-separated, from {', '.join(MODES)}")
-    p.add_argument("--workdir", default="bench/sweep")
-    p.add_argument("--out", help="also write the Markdown table here")
-    args, extra = p.parse_known_args(argv)
-    modes = args.modes.split(",")
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        p.error(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
+    extra = argv[1:]
     results = []
-    for mode in modes:
-        results.append(run_mode(args, mode, extra))
+    for mode in _MODES.value:
+        results.append(run_mode(mode, extra))
         print(f"{mode}: {results[-1]['wall_sec']:.0f} s, {results[-1]['trials_per_hour']:.1f} trials/hour", flush=True)
     text = table(results)
-    header = (f"`python scripts/bench_sweep.py --experiment {args.experiment} --seeds {args.seeds} --modes "
-              f"{args.modes}` ({os.cpu_count()} CPU cores)\n\n")
+    header = (f"`python scripts/bench_sweep.py --experiment {_EXPERIMENT.value} --seeds "
+              f"{','.join(map(str, _SEEDS.value))} --modes {','.join(_MODES.value)}` ({os.cpu_count()} CPU cores)\n\n")
     print(text)
-    with open(os.path.join(args.workdir, "bench_sweep.json"), "w") as f:
+    with open(os.path.join(_WORKDIR.value, "bench_sweep.json"), "w") as f:
         json.dump(results, f, indent=2)
-    if args.out:
-        with open(args.out, "w") as f:
+    if _OUT.value:
+        with open(_OUT.value, "w") as f:
             f.write(header + text + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    app.run(main, flags_parser=parse_bench_flags)

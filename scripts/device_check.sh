@@ -10,7 +10,7 @@
 #   train_default   scripts/bench_train.py, default model, bfloat16       -> OUTDIR/bench_train_default.{json,md}
 #   train_large     the 209M model: d_model 1024, 6+6 layers, 64 x 512    -> OUTDIR/bench_train_large.{json,md}
 #   loop            scripts/bench_train.py --loop (skipped if it has none) -> OUTDIR/bench_loop.{json,md}
-#   numbers_1seed   scripts/train.py numbers quick, one seed              -> OUTDIR/numbers_1seed/results.json
+#   numbers_1seed   python -m attn_lab.train, numbers quick, one seed     -> OUTDIR/numbers_1seed/results.json
 #   numbers_8seeds  the same, 8 vmapped seeds (--seeds 0,...,7)            -> OUTDIR/numbers_8seeds/seed=*/
 #   tests           pytest on the GPU-relevant test files                 -> OUTDIR/tests.xml
 # The benchmarks run before the tests so that a slow suite cannot cost the measurements.
@@ -49,7 +49,7 @@ outputs() {  # outputs STEP: the files STEP writes under OUT, removed before it 
     attention) echo "$OUT"/bench_attention.*;;
     train_*) echo "$OUT/bench_$1".*;;
     loop) echo "$OUT"/bench_loop*;;
-    numbers_*) echo "$OUT/$1";;  # train.py would resume an existing workdir
+    numbers_*) echo "$OUT/$1";;  # the trainer would resume an existing workdir
     tests) echo "$OUT/tests.xml";;
   esac
 }
@@ -131,9 +131,9 @@ if grep -qE -- "--loop([^-]|$)" <<< "$LOOP_HELP"; then
 else
   skip loop "scripts/bench_train.py has no --loop option yet"
 fi
-step numbers_1seed "${LIMITS[4]}" "$PY" scripts/train.py "${NUMBERS[@]}" "${NUMBERS_SHORT[@]}" \
+step numbers_1seed "${LIMITS[4]}" "$PY" -m attn_lab.train "${NUMBERS[@]}" "${NUMBERS_SHORT[@]}" \
   --workdir "$OUT/numbers_1seed"
-step numbers_8seeds "${LIMITS[5]}" "$PY" scripts/train.py "${NUMBERS[@]}" "${NUMBERS_SHORT[@]}" \
+step numbers_8seeds "${LIMITS[5]}" "$PY" -m attn_lab.train "${NUMBERS[@]}" "${NUMBERS_SHORT[@]}" \
   --workdir "$OUT/numbers_8seeds/seed={seed}" --seeds 0,1,2,3,4,5,6,7
 step tests "${LIMITS[6]}" "$PY" -m pytest -q -p no:cacheprovider --junitxml="$OUT/tests.xml" "${PYTEST_ARGS[@]}"
 

@@ -1,8 +1,11 @@
 """The bookkeeping half of scripts/device_check.sh: records each step's outcome and writes one Markdown report.
 
-  python scripts/device_report.py record OUTDIR NAME RC START END [LIMIT] -- COMMAND...   # one line in steps.jsonl
+  python scripts/device_report.py record OUTDIR NAME RC START END LIMIT -- COMMAND...   # one line in steps.jsonl
   python scripts/device_report.py skip OUTDIR NAME REASON
   python scripts/device_report.py write OUTDIR      # OUTDIR/device_check.md; exit 1 if any step failed
+
+The commands are positional (absl flags parse the line, so ``--help`` works; ``--`` keeps COMMAND's own flags
+from being read as this script's).
 
 Kept apart from the shell script so the report is testable on synthetic step results, and free of JAX imports so
 recording a step costs nothing beside the step itself. Each step's key numbers are read from the files the step
@@ -20,6 +23,10 @@ import shlex
 import sys
 import xml.etree.ElementTree as ET
 from typing import Any, Callable
+
+from absl import app
+
+from attn_lab.cli import parse_flags
 
 TIMEOUT_CODES = (124, 137)  # timeout(1): limit reached, or killed after the grace period
 
@@ -299,22 +306,29 @@ def write(out: str) -> int:
     return 1 if failed(steps) else 0
 
 
+USAGE = {"record": "record OUTDIR NAME RC START END LIMIT -- COMMAND...", "skip": "skip OUTDIR NAME REASON",
+         "write": "write OUTDIR"}
+
+
 def main(argv: list[str]) -> int:
-    cmd, out = argv[0], argv[1]
+    """``argv``: the program, then one of :data:`USAGE`'s commands (absl has removed the ``--``)."""
+    cmd, *args = argv[1:] or [""]
+    if cmd not in USAGE:
+        sys.exit(f"error: unknown command {cmd!r}; use record, skip or write")
+    if len(args) < len(USAGE[cmd].split(" --")[0].split()) - 1:  # the words between the command and '--'
+        sys.exit(f"error: {cmd} takes {USAGE[cmd]}, got {args}")
+    out = args[0]
     if cmd == "write":
         return write(out)
     if cmd == "skip":
-        record(out, {"name": argv[2], "status": "skipped", "reason": argv[3], "seconds": 0.0})
+        record(out, {"name": args[1], "status": "skipped", "reason": args[2], "seconds": 0.0})
         return 0
-    if cmd == "record":
-        sep = argv.index("--")
-        name, rc, start, end, *limit = argv[2:sep]
-        record(out, {"name": name, "status": step_status(int(rc)), "rc": int(rc),
-                     "seconds": round(float(end) - float(start), 2), "limit": int(limit[0]) if limit else None,
-                     "command": argv[sep + 1:], "log": os.path.join(out, "logs", f"{name}.log")})
-        return 0
-    sys.exit(f"error: unknown command {cmd!r}; use record, skip or write")
+    name, rc, start, end, limit, *command = args[1:]
+    record(out, {"name": name, "status": step_status(int(rc)), "rc": int(rc),
+                 "seconds": round(float(end) - float(start), 2), "limit": int(limit),
+                 "command": command, "log": os.path.join(out, "logs", f"{name}.log")})
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    app.run(main, flags_parser=parse_flags)

@@ -169,7 +169,7 @@ elif args[0].endswith("bench_attention.py"):
 elif args[0].endswith("bench_train.py"):
     json.dump({{"params": 1000, "mfu": 0.1, "args": {{"dtype": value("--dtype")}}}},
               open(value("--out") + ".json", "w"))
-elif args[0].endswith("train.py"):
+elif args[:2] == ["-m", "attn_lab.train"]:
     seeds = value("--seeds").split(",") if "--seeds" in args else ["0"]
     for seed in seeds:
         workdir = value("--workdir").replace("{{seed}}", seed)
@@ -199,6 +199,7 @@ def test_script_runs_every_step_records_a_failure_and_exits_nonzero(tmp_path):
     assert "| loop | skipped (scripts/bench_train.py has no --loop option yet) |" in md
     assert "8 seeds, 4 steps, steady steps/s 2, seed-steps/s 16" in md and "1 failed, 2 passed" in md
     assert "--seeds 0,1,2,3,4,5,6,7" in md and "bench_attention.py --dtype bfloat16" in md
+    assert "-m attn_lab.train --config configs/numbers.py:quick" in md
 
     (out / "tests.xml").write_text("stale")
     env.update(DEVICE_CHECK_STEPS="tests,numbers_8seeds", DEVICE_CHECK_PYTEST_ARGS="-k nothing")  # a partial rerun

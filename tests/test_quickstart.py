@@ -34,10 +34,11 @@ def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
     main_job, _ = _quickstart_commands()
     _, sweep, tables = [shlex.split(part) for part in main_job.split(" && ")]
     assert sweep[:2] == ["python", "scripts/sweep.py"] and tables[:2] == ["python", "scripts/make_tables.py"]
+    assert "--experiment" in sweep  # the sweep's experiment flag (--config would name a config)
     workdir = sweep[sweep.index("--workdir") + 1]
-    assert tables[2] == workdir
+    assert tables[tables.index("--workdir") + 1] == workdir
     runs = str(tmp_path / "runs")
-    sweep = [runs if a == workdir else a for a in sweep]
+    sweep, tables = ([runs if a == workdir else a for a in command] for command in (sweep, tables))
     tiny = ["--shard", "0/15", f"--config.task.data_dir={tmp_path / 'data'}", "--config.task.max_value=199",
             "--config.train.num_steps=4", "--config.train.eval_every=4", "--config.train.checkpoint_every=4",
             "--config.train.log_every=2", "--config.train.batch_size=16", "--config.train.max_eval_batches=1",
@@ -52,7 +53,7 @@ def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
     env_block = results["environment"]
     assert env_block["packages"]["jax"] and env_block["backend"] == "cpu" and env_block["device_count"] >= 1
     assert env_block["python"] == ".".join(map(str, sys.version_info[:3]))
-    made = subprocess.run([sys.executable, tables[1], runs], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    made = subprocess.run([sys.executable, *tables[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=env)
     assert made.returncode == 0, made.stderr[-2000:]
     assert os.path.exists(os.path.join(runs, "tables", "head_count.md"))
