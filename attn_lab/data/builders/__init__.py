@@ -1,8 +1,8 @@
-"""TFDS builders for the synthetic tasks, and where their data lives.
+"""The machinery every task's TFDS builder shares, and where their data lives.
 
-The builders are defined outside the TFDS tree and skip TFDS registration, so
-they never clash with catalog datasets. They are prepared as array_record
-files and read with `builder.as_data_source()`: random access, no TensorFlow.
+Each task's builder sits in its own file (``attn_lab/data/tasks/<name>.py``). The builders are defined outside
+the TFDS tree and skip TFDS registration, so they never clash with catalog datasets. They are prepared as
+array_record files and read with `builder.as_data_source()`: random access, no TensorFlow.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 
 import tensorflow_datasets as tfds
 
-from attn_lab.data import tokenizers
+from attn_lab.data import pipeline, tokenizers
 
 DATA_DIR_ENV = "ATTN_LAB_DATA_DIR"
 DEFAULT_DATA_DIR = os.path.join("~", ".cache", "attn_lab", "tensorflow_datasets")
@@ -125,3 +125,30 @@ def save_vocab(builder: tfds.core.DatasetBuilder, train_texts: list[str], level:
 def vocab_path(builder: tfds.core.DatasetBuilder) -> str:
     """Where a prepared builder keeps its vocab."""
     return os.path.join(builder.data_dir, tokenizers.VOCAB_FILENAME)
+
+
+def load_vocab(builder: tfds.core.DatasetBuilder, level: tokenizers.Level) -> tokenizers.Vocab:
+    """The vocab saved at prepare time (rebuilt from train if it went missing)."""
+    path = vocab_path(builder)
+    if os.path.exists(path):
+        return tokenizers.Vocab.load(path)
+    train = builder.as_data_source()["train"]
+    texts = []
+    for i in range(len(train)):
+        record = train[i]
+        texts.append(pipeline.as_text(record["source"]))
+        if "target" in record:
+            texts.append(pipeline.as_text(record["target"]))
+    vocab = tokenizers.Vocab.build(texts, level)
+    vocab.save(path)
+    return vocab
+
+
+def in_memory(builder: tfds.core.DatasetBuilder) -> dict[str, list[dict]]:
+    """Reads every split into memory, in the prepared order.
+
+    The bundled tasks hold at most tens of thousands of short strings, and a
+    list lookup is ~100x cheaper than decoding an array_record entry, which
+    would otherwise dominate the cost of a training batch.
+    """
+    return {split: list(source.__getitems__(range(len(source)))) for split, source in builder.as_data_source().items()}

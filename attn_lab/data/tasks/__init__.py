@@ -1,45 +1,40 @@
-"""The tasks the trainer knows, behind one small interface.
+"""The tasks the trainer knows, found by name in a registry (as the attention kernels are).
 
-`load_task(cfg)` prepares a task's data on first use (or finds it prepared),
-loads the vocab stored with it, and hands out batch datasets per split.
+`load_task(cfg)` prepares a task's data on first use (or finds it prepared), loads the vocab stored with it, and
+hands out batch datasets per split. Whatever else the code asks about a task (its kind, options and their
+defaults, checks, sequence lengths, training-split size, whether it is prepared) is read from the task's
+declaration, a :class:`TaskSpec` registered under its name; nothing here branches on task names.
+
+How to add a task: write one file ``attn_lab/data/tasks/<name>.py`` holding its TFDS builder (a
+:class:`~attn_lab.data.builders.SyntheticBuilder` subclass that generates the three splits) and, at its end,
+``register(TaskSpec("<name>", "<kind>", DEFAULTS, load, builder=..., check=..., train_size=...))``: the options
+and their defaults once, the task-specific checks (one-line ValueError), the builder and config the options
+choose, and the loader that turns the prepared builder into a :class:`Task`. This package imports every module
+in it, so nothing else changes: ``task.name=<name>`` works in any config, ``--config.task.<option>`` overrides a
+default, and the registry tests check the new defaults. A config file ``configs/<name>.py`` starts from
+``defaults("<name>")`` and sets only what differs. A family of names (the TFDS catalog's ``tfds:<name>``)
+registers a factory with :func:`register_family` instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import grain
-import tensorflow_datasets as tfds
-from num2words import CONVERTER_CLASSES
 
-from attn_lab.data import builders, catalog, pipeline, spm
-from attn_lab.data.builders import bible, digits, listops, numbers, sentiment
+from attn_lab.data import builders, pipeline, spm
 from attn_lab.data.tokenizers import Vocab
 
-SPLITS: tuple[str, ...] = ("train", "validation", "test")
 SPM = dict(vocab_size=8000, spm_model_type="unigram")  # subword options shared by the natural-language tasks
-
-# Task options and their defaults; the config files set the same names. 'tfds:<catalog name>' uses TFDS_DEFAULTS.
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "numbers": dict(src_lang="en", tgt_lang="de", min_value=0, max_value=9999, split_seed=0, max_input_length=64,
-                    max_target_length=64),
-    "listops": dict(max_depth=6, max_args=5, min_length=32, max_length=128, num_train=20000, num_validation=1000,
-                    num_test=1000, seed=0),
-    "bible": dict(src="lsg", tgt="web", books=(), max_input_length=128, max_target_length=128, **SPM),
-    "sentiment": dict(split_seed=0, limit=0, max_length=64, **SPM),
-    "digits": dict(split_seed=0),
-}
-TASKS: tuple[str, ...] = (*DEFAULTS, "tfds:<name>")
-TASK_KINDS: dict[str, str] = {"numbers": "translation", "listops": "classification", "bible": "translation",
-                              "sentiment": "classification", "digits": "classification"}
+# Checks shared by every task that has an option of this name (task-specific checks live in the task's file).
 _POSITIVE = ("max_input_length", "max_target_length", "max_depth", "min_length", "max_length", "num_train",
              "num_validation", "num_test", "vocab_size", "spm_max_texts")
 _NON_NEGATIVE = ("split_seed", "seed", "limit")  # seeds of numpy's default_rng; limit 0 means all
 _INTEGER = ("min_value", "max_value", "max_args")
-DIGITS_IMAGES, DIGITS_LENGTH = 1797, 64  # scikit-learn's load_digits: a fixed set of 8x8 images
-BIBLE_BOOKS = 66
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +42,7 @@ class Task:
     """A prepared task: its vocab, sizes, and batch datasets per split.
 
     Attributes:
-      name: a task name from TASKS, or 'tfds:<catalog name>'.
+      name: a registered task name (see TASKS), or 'tfds:<catalog name>'.
       kind: 'translation' (inputs/targets sequences) or 'classification'
         (inputs sequence, int label, row mask).
       vocab: the vocab built from the train split (shared by both sides of a
@@ -93,15 +88,7 @@ class Task:
           A grain MapDataset of dicts of numpy arrays.
         """
         rows = batch_size // shard[1]  # this process's rows of every global batch
-        input_buckets = pipeline.bucket_lengths(self.max_input_length)
-        if self.kind == "translation":
-            encode = pipeline.encode_translation(self.vocab, self.max_input_length, self.max_target_length)
-            collate = pipeline.collate_translation(
-                rows, input_buckets, pipeline.bucket_lengths(self.max_target_length)
-            )
-        else:
-            encode = pipeline.encode_classification(self.vocab, self.max_input_length)
-            collate = pipeline.collate_classification(rows, input_buckets)
+        encode, collate = _BATCHING[self.kind](self, rows)
         return pipeline.batched(self._source(split), encode, collate, batch_size, train=train, seed=seed,
                                 shard=shard)
 
@@ -112,11 +99,8 @@ class Task:
           Target strings (untruncated) for translation, to score BLEU or exact
           match against decoded outputs; int labels for classification.
         """
-        source = self._source(split)
-        records = (source[i] for i in range(len(source)))
-        if self.kind == "translation":
-            return [pipeline.as_text(r["target"]) for r in records]
-        return [int(r["label"]) for r in records]
+        source, reference = self._source(split), _REFERENCE[self.kind]
+        return [reference(source[i]) for i in range(len(source))]
 
     def decode(self, ids) -> str:
         """Text of token ids (stops at eos, skips pad and bos)."""
@@ -128,148 +112,203 @@ class Task:
         return self.sources[split]
 
 
+def _translation_batching(task: Task, rows: int) -> tuple[Callable, Callable]:
+    """Encode and collate of a translation task: source and target sequences, each padded to its own buckets."""
+    return (pipeline.encode_translation(task.vocab, task.max_input_length, task.max_target_length),
+            pipeline.collate_translation(rows, pipeline.bucket_lengths(task.max_input_length),
+                                         pipeline.bucket_lengths(task.max_target_length)))
+
+
+def _classification_batching(task: Task, rows: int) -> tuple[Callable, Callable]:
+    """Encode and collate of a classification task: one sequence, its label and a row mask."""
+    return (pipeline.encode_classification(task.vocab, task.max_input_length),
+            pipeline.collate_classification(rows, pipeline.bucket_lengths(task.max_input_length)))
+
+
+# What each task kind batches, and what its eval pass predicts from a record; KINDS follows from them.
+_BATCHING: dict[str, Callable[[Task, int], tuple[Callable, Callable]]] = {
+    "translation": _translation_batching, "classification": _classification_batching}
+_REFERENCE: dict[str, Callable[[dict], Any]] = {
+    "translation": lambda record: pipeline.as_text(record["target"]),
+    "classification": lambda record: int(record["label"])}
+KINDS: tuple[str, ...] = tuple(_BATCHING)
+
+
+def _no_check(opts: dict[str, Any]) -> None:
+    """Default task-specific check: the shared checks cover every option."""
+
+
+def _size_unknown(opts: dict[str, Any]) -> None:
+    """Default training-split size: only preparing tells."""
+
+
+def _option_lengths(opts: dict[str, Any]) -> tuple[int, int | None]:
+    """Default sequence lengths, read from the options: ``max_input_length`` and ``max_target_length``, or
+    ``max_length`` for a task with a single sequence."""
+    if "max_input_length" not in opts:
+        return opts["max_length"], None
+    return opts["max_input_length"], opts.get("max_target_length")
+
+
+def _read_options(cfg: Any, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Default option reading: each default, overridden by what ``cfg`` sets (None included)."""
+    return {k: _get(cfg, k, v) for k, v in defaults.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task's declaration: everything the trainer and the config checks ask about it.
+
+    Attributes:
+      name: the ``task.name`` that selects it.
+      kind: 'translation' or 'classification'; None where the options choose (``task.kind``: catalog datasets).
+      defaults: every option and its default; a config sets these keys (and may override each).
+      load: ``(options, data_dir) -> Task``: prepares the data once, then loads it.
+      builder: ``options -> (TFDS builder class, builder config)``; the config's name is the prepared folder
+        (unset only for a family, which says where its data is through ``is_prepared``).
+      check: task-specific checks of the options, run after the shared ones; raises a one-line ValueError.
+      train_size: an upper bound on the training split's size known from the options alone, or None.
+      sequence_lengths: ``options -> (max input length, max target length or None)``, as the loaded Task
+        reports them (a classification task's target length is dropped).
+      read_options: ``(cfg, defaults) -> options`` where a config's unset keys need other treatment.
+      is_prepared: ``(options, data_dir) -> bool`` for a task without ``builder``.
+    """
+
+    name: str
+    kind: Literal["translation", "classification"] | None
+    defaults: Mapping[str, Any]
+    load: Callable[[dict[str, Any], str], Task]
+    builder: Callable[[dict[str, Any]], tuple[type, Any]] | None = None
+    check: Callable[[dict[str, Any]], None] = _no_check
+    train_size: Callable[[dict[str, Any]], int | None] = _size_unknown
+    sequence_lengths: Callable[[dict[str, Any]], tuple[int, int | None]] = _option_lengths
+    read_options: Callable[[Any, Mapping[str, Any]], dict[str, Any]] = _read_options
+    is_prepared: Callable[[dict[str, Any], str], bool] | None = None
+
+
+_REGISTRY: dict[str, TaskSpec] = {}
+_FAMILIES: dict[str, Callable[[str], TaskSpec]] = {}
+
+
+def register(spec: TaskSpec) -> TaskSpec:
+    """Registers a task under ``spec.name``; returns the spec, so a task file may keep it.
+
+    Raises:
+      ValueError: the name is taken (by a task or a family's prefix), or the kind is not one of KINDS.
+    """
+    if spec.name in _REGISTRY or _family(spec.name):
+        raise ValueError(f"task '{spec.name}' registered twice")
+    if spec.kind not in KINDS:
+        raise ValueError(f"task '{spec.name}' has kind={spec.kind!r}; allowed: {', '.join(KINDS)}")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def register_family(prefix: str, make: Callable[[str], TaskSpec]) -> None:
+    """Registers every name ``<prefix><anything>`` (the TFDS catalog: 'tfds:'); ``make(name)`` declares each."""
+    if prefix in _FAMILIES or any(name.startswith(prefix) for name in _REGISTRY):
+        raise ValueError(f"task family '{prefix}' registered twice")
+    _FAMILIES[prefix] = make
+
+
+def _family(name: Any) -> Callable[[str], TaskSpec] | None:
+    return next((make for prefix, make in _FAMILIES.items() if isinstance(name, str) and name.startswith(prefix)),
+                None)
+
+
+def task_names() -> tuple[str, ...]:
+    """The registered task names, then each family as ``<prefix><name>`` (what an unknown name's error lists)."""
+    return (*sorted(_REGISTRY), *(f"{prefix}<name>" for prefix in _FAMILIES))
+
+
+def task_spec(name: Any) -> TaskSpec:
+    """The declaration of the task called ``name``; an unknown name is a one-line ValueError listing the choices."""
+    if isinstance(name, str) and name in _REGISTRY:
+        return _REGISTRY[name]
+    make = _family(name)
+    if make is None:
+        raise ValueError(f"unknown task.name {name!r}; choose one of: {', '.join(task_names())}")
+    return make(name)
+
+
+def defaults(name: str) -> dict[str, Any]:
+    """A task's options and their defaults (a copy: config files start from it and set what differs)."""
+    return dict(task_spec(name).defaults)
+
+
+def __getattr__(attr: str) -> Any:
+    """TASKS (names) and TASK_KINDS (name -> kind) are computed from the registry when asked, so a task
+    registered after this package was imported is listed too."""
+    if attr == "TASKS":
+        return task_names()
+    if attr == "TASK_KINDS":
+        return {name: spec.kind for name, spec in _REGISTRY.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
 def task_kind(cfg: Any) -> str:
     """'translation' or 'classification' for a task config (a catalog dataset says which in ``task.kind``)."""
-    name = _get(cfg, "name", None)
-    return catalog.options(cfg)["kind"] if catalog.is_catalog(name) else TASK_KINDS[name]
+    spec = task_spec(_get(cfg, "name", None))
+    return _kind(spec, _options(spec, cfg))
 
 
 def task_options(cfg: Any) -> dict[str, Any]:
     """The task's options: defaults overridden by what ``cfg`` (a ConfigDict, object or mapping) sets."""
-    name = _get(cfg, "name", None)
-    if catalog.is_catalog(name):
-        return catalog.options(cfg)
-    if name not in DEFAULTS:
-        raise ValueError(f"unknown task.name {name!r}; choose one of: {', '.join(TASKS)}")
-    return {k: _get(cfg, k, v) for k, v in DEFAULTS[name].items()}
+    return _options(task_spec(_get(cfg, "name", None)), cfg)
+
+
+def _options(spec: TaskSpec, cfg: Any) -> dict[str, Any]:
+    return spec.read_options(cfg, spec.defaults)
+
+
+def _kind(spec: TaskSpec, opts: dict[str, Any]) -> str:
+    return spec.kind or opts["kind"]  # a task without a fixed kind takes it from its options
 
 
 def validate_task_config(cfg: Any) -> None:
     """Checks a task config without preparing any data; raises a one-line ValueError naming the bad key."""
-    opts = task_options(cfg)
+    spec = task_spec(_get(cfg, "name", None))
+    opts = _options(spec, cfg)
     for keys, test, allowed in ((_POSITIVE, lambda v: v > 0, "a positive integer"),
                                 (_NON_NEGATIVE, lambda v: v >= 0, "an integer >= 0"),
                                 (_INTEGER, lambda v: True, "an integer")):
         for key in keys:
-            if key in opts and not (_is_int(opts[key]) and test(opts[key])):
+            if key in opts and not (is_int(opts[key]) and test(opts[key])):
                 raise ValueError(f"task.{key} must be {allowed}, got {opts[key]!r}")
     if "spm_model_type" in opts and opts["spm_model_type"] not in spm.MODEL_TYPES:
         raise ValueError(f"task.spm_model_type={opts['spm_model_type']!r} is not one of {spm.MODEL_TYPES}")
-    name = _get(cfg, "name", None)
-    if catalog.is_catalog(name):
-        catalog.check(name, opts)
-        return
-    checks = {"numbers": _check_numbers, "listops": _check_listops, "bible": _check_bible,
-              "sentiment": _check_sentiment, "digits": _check_digits}
-    checks[name](opts)
-
-
-def _check_numbers(opts: dict[str, Any]) -> None:
-    for key in ("src_lang", "tgt_lang"):
-        if opts[key] not in CONVERTER_CLASSES:
-            raise ValueError(f"task.{key}={opts[key]!r} is not a num2words language")
-    if opts["max_value"] - opts["min_value"] < 9:
-        raise ValueError(
-            f"task.max_value={opts['max_value']!r} must be at least min_value+9 so every split gets integers")
-
-
-def _check_listops(opts: dict[str, Any]) -> None:
-    if opts["max_args"] < 2:
-        raise ValueError(f"task.max_args must be >= 2, got {opts['max_args']!r}")
-    if opts["min_length"] > opts["max_length"]:
-        raise ValueError(f"task.min_length={opts['min_length']} exceeds max_length={opts['max_length']}")
-    if opts["max_length"] < 4:
-        raise ValueError(f"task.max_length must be >= 4, got {opts['max_length']}")
-    reach = listops.max_tokens(opts["max_depth"], opts["max_args"])
-    if reach < opts["min_length"]:
-        raise ValueError(f"task.min_length={opts['min_length']} is unreachable with max_depth={opts['max_depth']} "
-                         f"and max_args={opts['max_args']} (at most {reach} tokens)")
-
-
-def _check_bible(opts: dict[str, Any]) -> None:
-    for key in ("src", "tgt"):
-        if opts[key] not in bible.TRANSLATIONS:
-            raise ValueError(f"task.{key}={opts[key]!r} is not a public-domain translation; choose one of: "
-                             f"{', '.join(bible.TRANSLATIONS)}")
-    if opts["src"] == opts["tgt"]:
-        raise ValueError(f"task.src and task.tgt are both {opts['src']!r}")
-    _check_books(opts["books"])
-    bible.database_path()  # the optional package is installed (else one line naming the extra)
-
-
-def _check_books(books: Any) -> None:
-    """``task.books``: empty (all) or book numbers covering every split, so no split is empty."""
-    if not isinstance(books, (tuple, list)) or not all(_is_int(b) and 1 <= b <= BIBLE_BOOKS for b in books):
-        raise ValueError(f"task.books={books!r} must be a tuple of book numbers 1..{BIBLE_BOOKS} (empty: all)")
-    held_out = {"validation": bible.VALIDATION_BOOKS, "test": bible.TEST_BOOKS}
-    for split in ("train", "validation", "test") if books else ():
-        if not any(bible.split_of(b) == split for b in books):
-            which = ", ".join(map(str, held_out[split])) if split in held_out else "any other book"
-            raise ValueError(f"task.books={tuple(books)!r} has no {split} book, so its {split} split would be "
-                             f"empty; add one of: {which}")
-
-
-def _check_sentiment(opts: dict[str, Any]) -> None:
-    sentiment.csv_path()
-
-
-def _check_digits(opts: dict[str, Any]) -> None:
-    digits.check_installed()
-
-
-# The TFDS builder and config of each bundled task: its folder under data_dir is derived from them.
-_BUILDERS: dict[str, Any] = {
-    "numbers": lambda o: (numbers.Numbers, numbers.numbers_config(
-        **{k: o[k] for k in ("src_lang", "tgt_lang", "min_value", "max_value", "split_seed")})),
-    "listops": lambda o: (listops.Listops, listops.listops_config(**o)),
-    "bible": lambda o: (bible.Bible, bible.bible_config(o["src"], o["tgt"], tuple(o["books"]))),
-    "sentiment": lambda o: (sentiment.Sentiment, sentiment.sentiment_config(o["split_seed"], o["limit"])),
-    "digits": lambda o: (digits.Digits, digits.digits_config(o["split_seed"])),
-}
+    spec.check(opts)
 
 
 def is_prepared(cfg: Any, data_dir: str | None = None) -> bool:
     """Whether the task's data is already prepared in ``data_dir`` (nothing is written or downloaded)."""
-    name, data_dir = _get(cfg, "name", None), builders.resolve_data_dir(data_dir)
-    if catalog.is_catalog(name):
-        return catalog.builder_for(name, data_dir).is_prepared()
-    return builders.is_prepared(*_BUILDERS[name](task_options(cfg)), data_dir)
+    spec = task_spec(_get(cfg, "name", None))
+    opts, data_dir = _options(spec, cfg), builders.resolve_data_dir(data_dir)
+    if spec.is_prepared is not None:
+        return spec.is_prepared(opts, data_dir)
+    return builders.is_prepared(*spec.builder(opts), data_dir)
 
 
 def sequence_lengths(cfg: Any) -> tuple[int, int | None]:
     """``(max_input_length, max_target_length or None)`` exactly as the loaded :class:`Task` will report them,
     known from the config alone (no data is read)."""
-    name, opts = _get(cfg, "name", None), task_options(cfg)
-    if name == "digits":
-        return DIGITS_LENGTH, None
-    if "max_input_length" not in opts:  # listops and sentiment: one length for their single sequence
-        return opts["max_length"], None
-    translation = task_kind(cfg) == "translation"
-    return opts["max_input_length"], opts["max_target_length"] if translation else None
-
-
-# Training-split sizes known from the options alone (an upper bound for sentiment's limit, which may exceed the
-# distinct tweets). Only preparing tells the others: bible (aligned non-empty verses of the chosen books, counted from
-# the database), sentiment without a limit (distinct tweets) and TFDS catalog datasets (sizes come with the data).
-_TRAIN_SIZES: dict[str, Any] = {
-    "numbers": lambda o: (o["max_value"] - o["min_value"] + 1) * numbers.NumbersConfig.train_percent // 100,
-    "listops": lambda o: o["num_train"],
-    "digits": lambda o: DIGITS_IMAGES * 8 // 10,
-    "sentiment": lambda o: o["limit"] * 8 // 10 if o["limit"] else None,
-}
+    spec = task_spec(_get(cfg, "name", None))
+    opts = _options(spec, cfg)
+    inputs, targets = spec.sequence_lengths(opts)
+    return inputs, targets if _kind(spec, opts) == "translation" else None
 
 
 def max_train_examples(cfg: Any) -> int | None:
     """An upper bound on the training split's size known before preparation, or None where only preparing tells."""
-    size = _TRAIN_SIZES.get(_get(cfg, "name", None))
-    return size(task_options(cfg)) if size else None
+    spec = task_spec(_get(cfg, "name", None))
+    return spec.train_size(_options(spec, cfg))
 
 
 def load_task(cfg: Any, data_dir: str | None = None) -> Task:
     """Prepares (first time only) and loads a task.
 
     Args:
-      cfg: the task config (``cfg.name`` plus options, see DEFAULTS).
+      cfg: the task config (``cfg.name`` plus options, see :func:`defaults`).
       data_dir: where prepared data lives; defaults to $ATTN_LAB_DATA_DIR, then
         ~/.cache/attn_lab/tensorflow_datasets.
 
@@ -277,77 +316,12 @@ def load_task(cfg: Any, data_dir: str | None = None) -> Task:
       The Task.
     """
     validate_task_config(cfg)
-    opts = task_options(cfg)
-    name = _get(cfg, "name", None)
-    data_dir = builders.resolve_data_dir(data_dir)
-    if catalog.is_catalog(name):
-        return Task(**catalog.load(name, opts, data_dir))
-    loaders = {"numbers": _load_numbers, "listops": _load_listops, "bible": _load_bible,
-               "sentiment": _load_sentiment, "digits": _load_digits}
-    return loaders[name](opts, data_dir)
+    spec = task_spec(_get(cfg, "name", None))
+    return spec.load(_options(spec, cfg), builders.resolve_data_dir(data_dir))
 
 
-def _load_numbers(opts: dict[str, Any], data_dir: str) -> Task:
-    builder = builders.prepare(*_BUILDERS["numbers"](opts), data_dir)
-    return Task("numbers", "translation", _vocab(builder, "char"), None, opts["max_input_length"],
-                opts["max_target_length"], _in_memory(builder))
-
-
-def _load_listops(opts: dict[str, Any], data_dir: str) -> Task:
-    builder = builders.prepare(*_BUILDERS["listops"](opts), data_dir)
-    return Task("listops", "classification", _vocab(builder, "word"), 10, opts["max_length"], None,
-                _in_memory(builder))
-
-
-def _load_bible(opts: dict[str, Any], data_dir: str) -> Task:
-    builder = builders.prepare(*_BUILDERS["bible"](opts), data_dir)
-    sources = _in_memory(builder)
-    texts = [pipeline.as_text(r[k]) for r in sources["train"] for k in ("source", "target")]
-    vocab = spm.load_or_train(builder.data_dir, texts, opts["vocab_size"], opts["spm_model_type"])
-    return Task("bible", "translation", vocab, None, opts["max_input_length"], opts["max_target_length"], sources)
-
-
-def _load_sentiment(opts: dict[str, Any], data_dir: str) -> Task:
-    builder = builders.prepare(*_BUILDERS["sentiment"](opts), data_dir)
-    sources = _in_memory(builder)
-    texts = [pipeline.as_text(r["source"]) for r in sources["train"]]
-    vocab = spm.load_or_train(builder.data_dir, texts, opts["vocab_size"], opts["spm_model_type"])
-    return Task("sentiment", "classification", vocab, len(sentiment.LABELS), opts["max_length"], None, sources)
-
-
-def _load_digits(opts: dict[str, Any], data_dir: str) -> Task:
-    builder = builders.prepare(*_BUILDERS["digits"](opts), data_dir)
-    return Task("digits", "classification", _vocab(builder, "word"), 10, DIGITS_LENGTH, None, _in_memory(builder))
-
-
-def _in_memory(builder: tfds.core.DatasetBuilder) -> dict[str, list[dict]]:
-    """Reads every split into memory, in the prepared order.
-
-    The tasks hold at most tens of thousands of short strings, and a list
-    lookup is ~100x cheaper than decoding an array_record entry, which would
-    otherwise dominate the cost of a training batch.
-    """
-    return {split: list(source.__getitems__(range(len(source)))) for split, source in builder.as_data_source().items()}
-
-
-def _vocab(builder: tfds.core.DatasetBuilder, level: str) -> Vocab:
-    """The vocab saved at prepare time (rebuilt from train if it went missing)."""
-    path = builders.vocab_path(builder)
-    if os.path.exists(path):
-        return Vocab.load(path)
-    train = builder.as_data_source()["train"]
-    texts = []
-    for i in range(len(train)):
-        record = train[i]
-        texts.append(pipeline.as_text(record["source"]))
-        if "target" in record:
-            texts.append(pipeline.as_text(record["target"]))
-    vocab = Vocab.build(texts, level)
-    vocab.save(path)
-    return vocab
-
-
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An integer option's test (bool is not one)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -360,3 +334,12 @@ def _get(cfg: Any, key: str, default: Any) -> Any:
     if hasattr(cfg, "get"):
         return cfg.get(key, default)
     return default
+
+
+def _discover() -> None:
+    """Imports every module of this package; each registers its task, so a new task file needs no edit elsewhere."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+_discover()

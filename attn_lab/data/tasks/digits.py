@@ -2,25 +2,32 @@
 
 Each image becomes the 64 intensities (0..16) in raster order as word tokens, so a Transformer classifies it as a
 sequence (an image-as-sequence task in the spirit of LRA's pixel tasks, small enough for a CPU). 1,797 images,
-split 80/10/10 by a seeded permutation.
+split 80/10/10 by a seeded permutation. This file holds the task whole: its options and defaults, checks, TFDS
+builder and loader.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
 
 from attn_lab.data import builders
+from attn_lab.data.tasks import Task, TaskSpec, register
+
+# The task's options and their defaults (config files start from these).
+DEFAULTS = dict(split_seed=0)
+IMAGES, LENGTH = 1797, 64  # scikit-learn's load_digits: a fixed set of 8x8 images
 
 
 @dataclasses.dataclass(eq=False)
 class DigitsConfig(tfds.core.BuilderConfig):
-    split_seed: int = 0
+    split_seed: int = DEFAULTS["split_seed"]
 
 
-def digits_config(split_seed: int = 0) -> DigitsConfig:
+def digits_config(*, split_seed: int) -> DigitsConfig:
     return DigitsConfig(name=f"seed{split_seed}", split_seed=split_seed)
 
 
@@ -41,7 +48,7 @@ class Digits(builders.SyntheticBuilder, skip_registration=True):
     """8x8 digit images as 64-token sequences, 10 classes."""
 
     name = "digits"
-    BUILDER_CONFIGS = [digits_config()]  # noqa: RUF012 (TFDS reads these class attributes)
+    BUILDER_CONFIGS = [digits_config(**DEFAULTS)]  # noqa: RUF012
     FEATURES = {"source": tfds.features.Text(), "label": tfds.features.ClassLabel(num_classes=10)}  # noqa: RUF012
     SUPERVISED_KEYS = ("source", "label")
 
@@ -51,9 +58,25 @@ class Digits(builders.SyntheticBuilder, skip_registration=True):
         order = np.random.default_rng(self.builder_config.split_seed).permutation(len(labels))
         parts = np.split(order, [len(order) * 8 // 10, len(order) * 9 // 10])
         builders.save_vocab(self, [" ".join(map(str, row)) for row in pixels[parts[0]]], level="word")
-        return {split: self._generate_examples(pixels, labels, idx) for split, idx in zip(("train", "validation", "test"),
-                                                                                 parts)}
+        return {split: self._generate_examples(pixels, labels, idx)
+                for split, idx in zip(("train", "validation", "test"), parts)}
 
     def _generate_examples(self, pixels, labels, indices):
         for i in indices:
             yield int(i), {"source": " ".join(map(str, pixels[i])), "label": int(labels[i])}
+
+
+def tfds_builder(opts: dict[str, Any]) -> tuple[type[Digits], DigitsConfig]:
+    return Digits, digits_config(split_seed=opts["split_seed"])
+
+
+def load(opts: dict[str, Any], data_dir: str) -> Task:
+    """Word-level tokens (the 17 intensities); ten classes."""
+    prepared = builders.prepare(*tfds_builder(opts), data_dir)
+    return Task("digits", "classification", builders.load_vocab(prepared, "word"), 10, LENGTH, None,
+                builders.in_memory(prepared))
+
+
+register(TaskSpec("digits", "classification", DEFAULTS, load, builder=tfds_builder,
+                  check=lambda opts: check_installed(), train_size=lambda opts: IMAGES * 8 // 10,
+                  sequence_lengths=lambda opts: (LENGTH, None)))

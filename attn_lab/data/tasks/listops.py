@@ -6,19 +6,26 @@ LRA, without parentheses: '[MAX 4 3 [MIN 2 3 ] 1 0 ]'.
 
 LRA's generator grows trees blindly and rejects those outside the length
 range, which takes minutes for long sequences. Here each tree is grown to a
-token budget drawn from the range, so nearly every sample is accepted.
+token budget drawn from the range, so nearly every sample is accepted. This
+file holds the task whole: its options and defaults, checks, TFDS builder and
+loader.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
 
 from attn_lab.data import builders
+from attn_lab.data.tasks import Task, TaskSpec, register
 
+# The task's options and their defaults (config files start from these); every one shapes the generated data.
+DEFAULTS = dict(max_depth=6, max_args=5, min_length=32, max_length=128, num_train=20000, num_validation=1000,
+                num_test=1000, seed=0)
 OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
 END = "]"
 SPLITS = ("train", "validation", "test")
@@ -31,25 +38,26 @@ _LEAF_PROB = 0.15
 class ListOpsConfig(tfds.core.BuilderConfig):
     """Generation parameters; build with `listops_config` so the name matches."""
 
-    max_depth: int = 6
-    max_args: int = 5
-    min_length: int = 32
-    max_length: int = 128
-    num_train: int = 20000
-    num_validation: int = 1000
-    num_test: int = 1000
-    seed: int = 0
+    max_depth: int = DEFAULTS["max_depth"]
+    max_args: int = DEFAULTS["max_args"]
+    min_length: int = DEFAULTS["min_length"]
+    max_length: int = DEFAULTS["max_length"]
+    num_train: int = DEFAULTS["num_train"]
+    num_validation: int = DEFAULTS["num_validation"]
+    num_test: int = DEFAULTS["num_test"]
+    seed: int = DEFAULTS["seed"]
 
 
 def listops_config(
-    max_depth: int = 6,
-    max_args: int = 5,
-    min_length: int = 32,
-    max_length: int = 128,
-    num_train: int = 20000,
-    num_validation: int = 1000,
-    num_test: int = 1000,
-    seed: int = 0,
+    *,
+    max_depth: int,
+    max_args: int,
+    min_length: int,
+    max_length: int,
+    num_train: int,
+    num_validation: int,
+    num_test: int,
+    seed: int,
 ) -> ListOpsConfig:
     """Returns a config whose name encodes every parameter.
 
@@ -167,7 +175,7 @@ class Listops(builders.SyntheticBuilder, skip_registration=True):
     """LRA ListOps with configurable depth, arity, length and sizes."""
 
     name = "listops"
-    BUILDER_CONFIGS = [listops_config()]
+    BUILDER_CONFIGS = [listops_config(**DEFAULTS)]  # noqa: RUF012
     FEATURES = {"source": tfds.features.Text(), "label": tfds.features.ClassLabel(num_classes=10)}
     SUPERVISED_KEYS = ("source", "label")
 
@@ -190,3 +198,32 @@ class Listops(builders.SyntheticBuilder, skip_registration=True):
     def _generate_examples(self, examples):
         for i, (source, label) in enumerate(examples):
             yield i, {"source": source, "label": label}
+
+
+def check(opts: dict[str, Any]) -> None:
+    """Arity, a length range that is not empty, and a shortest length the depth and arity can reach."""
+    if opts["max_args"] < 2:
+        raise ValueError(f"task.max_args must be >= 2, got {opts['max_args']!r}")
+    if opts["min_length"] > opts["max_length"]:
+        raise ValueError(f"task.min_length={opts['min_length']} exceeds max_length={opts['max_length']}")
+    if opts["max_length"] < 4:
+        raise ValueError(f"task.max_length must be >= 4, got {opts['max_length']}")
+    reach = max_tokens(opts["max_depth"], opts["max_args"])
+    if reach < opts["min_length"]:
+        raise ValueError(f"task.min_length={opts['min_length']} is unreachable with max_depth={opts['max_depth']} "
+                         f"and max_args={opts['max_args']} (at most {reach} tokens)")
+
+
+def tfds_builder(opts: dict[str, Any]) -> tuple[type[Listops], ListOpsConfig]:
+    return Listops, listops_config(**opts)
+
+
+def load(opts: dict[str, Any], data_dir: str) -> Task:
+    """Word-level tokens (operators, digits, ']'); ten classes, the expression's value."""
+    prepared = builders.prepare(*tfds_builder(opts), data_dir)
+    return Task("listops", "classification", builders.load_vocab(prepared, "word"), 10, opts["max_length"], None,
+                builders.in_memory(prepared))
+
+
+register(TaskSpec("listops", "classification", DEFAULTS, load, builder=tfds_builder, check=check,
+                  train_size=lambda opts: opts["num_train"]))
