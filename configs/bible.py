@@ -8,22 +8,20 @@ Validation and test verses come from books never seen in training; text is token
 trained on the training split (``task.vocab_size``, ``task.spm_model_type``) and cached with the prepared data.
 """
 
+from attn_lab.data.tasks import defaults
 from attn_lab.train.config import base_config
 
 
 def get_config(arg: str = "") -> "ml_collections.ConfigDict":  # noqa: F821
     """``arg``: '' (a base-size model) or 'quick' (a small model for <= 10 minutes on 2 CPU cores)."""
     c = base_config()
-    c.task.name = "bible"
-    c.task.src, c.task.tgt, c.task.books = "lsg", "web", ()
-    c.task.vocab_size, c.task.spm_model_type = 8000, "unigram"
-    c.task.max_input_length, c.task.max_target_length = 128, 128
+    c.task.update(name="bible", **defaults("bible"))  # every option, so each can be overridden by flag
     c.model.num_layers, c.model.d_model, c.model.num_heads, c.model.mlp_dim = 6, 512, 8, 2048
     c.train.num_steps, c.train.batch_size, c.train.learning_rate, c.train.warmup_steps = 50000, 64, 7e-4, 4000
     c.train.eval_every = c.train.checkpoint_every = 2000
     c.train.max_eval_batches = 16
     if arg == "quick":
-        c.task.vocab_size, c.task.max_input_length, c.task.max_target_length = 2000, 64, 64
+        c.task.vocab_size, c.task.max_input_length, c.task.max_target_length = 2000, 64, 64  # small model, CPU
         c.model.num_layers, c.model.d_model, c.model.num_heads, c.model.mlp_dim = 2, 128, 4, 512
         c.model.dropout = 0.1
         c.train.num_steps, c.train.batch_size, c.train.learning_rate, c.train.warmup_steps = 1600, 32, 2e-3, 200

@@ -4,14 +4,14 @@
   python scripts/train.py --config configs/digits.py:quick --workdir runs/digits_quick
 """
 
+from attn_lab.data.tasks import defaults
 from attn_lab.train.config import base_config
 
 
 def get_config(arg: str = "") -> "ml_collections.ConfigDict":  # noqa: F821
     """``arg``: '' (full) or 'quick' (a few minutes on 2 CPU cores)."""
     c = base_config()
-    c.task.name = "digits"
-    c.task.split_seed = 0
+    c.task.update(name="digits", **defaults("digits"))  # every option, so each can be overridden by flag
     c.model.positions = "sinusoidal"  # measured: learned positions (init 0.02 beside unit-scale embeddings) reach 57%
     c.model.pooling = "mean"
     c.train.num_steps, c.train.batch_size, c.train.learning_rate = 3000, 32, 1e-3

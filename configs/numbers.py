@@ -4,16 +4,14 @@
   python scripts/train.py --config configs/numbers.py:quick --workdir runs/numbers_quick   # ~2 min on 2 CPUs
 """
 
+from attn_lab.data.tasks import defaults
 from attn_lab.train.config import base_config
 
 
 def get_config(arg: str = "") -> "ml_collections.ConfigDict":  # noqa: F821
     """``arg``: '' (full) or 'quick' (a small model and few steps that still clearly learns)."""
     c = base_config()
-    c.task.name = "numbers"
-    c.task.src_lang, c.task.tgt_lang = "en", "de"
-    c.task.min_value, c.task.max_value, c.task.split_seed = 0, 9999, 0
-    c.task.max_input_length, c.task.max_target_length = 64, 64
+    c.task.update(name="numbers", **defaults("numbers"))  # every option, so each can be overridden by flag
     c.eval.bleu_tokenize = "char"  # targets are single compound words: score characters
     c.train.num_steps, c.train.batch_size, c.train.learning_rate = 4000, 64, 1e-3
     if arg == "quick":

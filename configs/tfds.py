@@ -9,15 +9,14 @@
 Text is tokenized with a SentencePiece model trained on the training split and cached with the prepared data.
 """
 
-from attn_lab.data.catalog import DEFAULTS
+from attn_lab.data.tasks import defaults
 from attn_lab.train.config import base_config
 
 
 def get_config(arg: str = "") -> "ml_collections.ConfigDict":  # noqa: F821
     """``arg``: '' (classification) or 'translation'."""
     c = base_config()
-    c.task.name = "tfds:imdb_reviews"
-    c.task.update(DEFAULTS)
+    c.task.update(name="tfds:imdb_reviews", **defaults("tfds:imdb_reviews"))  # every option, overridable by flag
     c.train.label_smoothing = 0.0
     if arg == "translation":
         c.task.name, c.task.kind = "tfds:ted_hrlr_translate/pt_to_en", "translation"

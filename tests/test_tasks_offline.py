@@ -45,7 +45,8 @@ def test_bible_pairs_split_by_book_and_spm_cached(data_dir):
     assert _spm_file(data_dir, "bible").endswith("spm_unigram_300.model")
     stamp = os.path.getmtime(_spm_file(data_dir, "bible"))
     again = load_task({"name": "bible", "books": books, "vocab_size": 300}, data_dir)  # reuses data and pieces
-    assert os.path.getmtime(_spm_file(data_dir, "bible")) == stamp and again.vocab.encode(text) == task.vocab.encode(text)
+    assert os.path.getmtime(_spm_file(data_dir, "bible")) == stamp
+    assert again.vocab.encode(text) == task.vocab.encode(text)
 
 
 def _spm_file(data_dir, name):
@@ -66,7 +67,8 @@ def test_spm_ids_match_the_reserved_ones_and_bpe_works(tmp_path):
 
 
 def test_missing_optional_package_is_one_line_with_the_install_command():
-    with pytest.raises(ValueError, match=r'^task .bible. needs the not_installed_pkg package .*pip install -e "\.\[bible\]"$'):
+    line = r'^task .bible. needs the not_installed_pkg package .*pip install -e "\.\[bible\]"$'
+    with pytest.raises(ValueError, match=line):
         builders.package_file("not_installed_pkg", "data.db", task="bible", extra="bible")
 
 
