@@ -120,7 +120,7 @@ def structural_step(a: Any) -> None:
     """Removes the least important heads physically and times the forward pass against the full model."""
     imp = a.importance.head_importance(a.run.state, a.batches, a.shapes, a.importance_sums, normalize=True)
     masks = a.pruning.prune_masks(imp, a.args.structural_percent)
-    report = a.structural.speed_report(a.run.graphdef, a.run.state, masks, a.run.kind,
+    report = a.structural.speed_report(a.run.graphdef, a.run.state, masks,
                                        a.structural.tile_batch(a.batches[0], a.args.speed_batch))
     a.write("structural.json", report)
     a.logger.summary({f"structural/{k}": v for k, v in report.items() if isinstance(v, (int, float))})
@@ -130,7 +130,7 @@ def structural_step(a: Any) -> None:
 
 def gates_step(a: Any) -> None:
     """L0 gates trained from this run for each target share of heads; heads kept vs the test metric."""
-    metric = "bleu" if a.run.kind == "translation" else "accuracy"
+    metric = "bleu" if a.run.generates else "accuracy"
     base = a.finished_results(a.args.workdir)
     rows = [{"target": 1.0, "kept": sum(n * h for n, h in a.shapes.values()), "metric": metric,
              "test": base["final"]["test"][metric], "workdir": a.args.workdir}]
@@ -153,7 +153,7 @@ def diagnose_step(a: Any) -> None:
     captured = a.capture_maps(a.run, a.batches[0])
     layers = {name: a.diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"], c.get("valid_queries"))
               for name, c in captured.items()}
-    grads = a.importance.compile_gradients(a.run.graphdef, a.run.kind)
+    grads = a.importance.compile_gradients(a.run.graphdef)
     for kind, grid in a.importance.head_gradient_norms(a.run.state, a.batches, a.shapes, grads).items():
         for layer, row in enumerate(grid):
             layers[f"{kind}/{layer}"]["gradient_norm"] = row.tolist()
@@ -192,9 +192,10 @@ STEPS = {"importance": importance_step, "ablate": ablate_step, "prune": prune_st
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    from attn_lab.analysis import derived, diagnostics, importance, plots, pruning, structural
-    from attn_lab.train import learned
-    from attn_lab.analysis.run import capture_maps, finished_results, load_finished_run
+    from attn_lab.analysis import derived, importance, plots, pruning, structural
+    from attn_lab.analysis.run import capture_maps, finished_results
+    from attn_lab.train import diagnostics, learned
+    from attn_lab.train.restore import load_finished_run
     from attn_lab.io import write_json_atomic
     from attn_lab.train.logging import METRICS_FILE, MetricLogger
     from attn_lab.train.steps import merge
@@ -203,7 +204,7 @@ def main(argv: list[str]) -> int:
         run = load_finished_run(args.workdir)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    if args.metric != "accuracy" and run.kind != "translation":
+    if args.metric != "accuracy" and not run.generates:
         sys.exit(f"error: --metric {args.metric} needs a translation run; {args.workdir} is {run.kind}")
     out_dir = os.path.join(args.workdir, "analysis")
     os.makedirs(out_dir, exist_ok=True)
@@ -211,7 +212,7 @@ def main(argv: list[str]) -> int:
     w = run.config.wandb
     logger = MetricLogger(out_dir, run.config.to_dict(), mode=w.mode, project=w.project, group=w.group,
                           tags=(*w.tags, "analysis"), name=f"{w.name or os.path.basename(args.workdir)}-analysis")
-    scores, importance_sums = importance.compile_analysis(run.graphdef, run.kind)
+    scores, importance_sums = importance.compile_analysis(run.graphdef)
     batches = run.batches(args.split, args.max_batches)
     score = (importance.accuracy_scorer(batches, scores) if args.metric == "accuracy"
              else run.decode_scorer(batches, args.split, args.metric))

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attn_lab.models import build_model, count_params
+from attn_lab.models import Seq2Seq, build_model, count_params
 from attn_lab.models.transformer import EOS
 from attn_lab.sweep.spec import load_config_file
 from attn_lab.train.config import base_config
@@ -127,11 +127,11 @@ def random_batch(args: argparse.Namespace, seed: int) -> dict:
 
 def bench_model(args: argparse.Namespace) -> dict:
     c = model_config(args)
-    model = build_model(c.model, kind="translation", vocab_size=args.vocab, max_len=args.length + 1)
+    model = build_model(c.model, kind=Seq2Seq.KIND, vocab_size=args.vocab, max_len=args.length + 1)
     graphdef, params, _ = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(c.train)
     state = stack([init_state(nnx.to_pure_dict(params), model_state(model), tx, 0)])
-    train_step, _ = compile_steps(graphdef, tx, "translation", c.train.label_smoothing)
+    train_step, _ = compile_steps(graphdef, tx, Seq2Seq.KIND, c.train.label_smoothing)
     batch = random_batch(args, 0)
     hw_flops = train_step.lower(state, batch).compile().cost_analysis()
     hw_flops = float((hw_flops[0] if isinstance(hw_flops, list) else hw_flops).get("flops", float("nan")))
@@ -246,7 +246,7 @@ def decode_model(args: argparse.Namespace, vocab: int, max_len: int) -> tuple[An
     c = base_config()
     c.model.update(num_layers=args.layers, d_model=args.d_model, mlp_dim=4 * args.d_model, num_heads=args.heads,
                    dtype=args.dtype, dropout=0.0, tie_embeddings=False)
-    model = build_model(c.model, kind="translation", vocab_size=vocab, max_len=max_len + 1)
+    model = build_model(c.model, kind=Seq2Seq.KIND, vocab_size=vocab, max_len=max_len + 1)
     assert supports_cached_decoding(model)
     graphdef, params, _ = nnx.split(model, nnx.Param, ...)
     params = nnx.to_pure_dict(params)

@@ -3,7 +3,7 @@ statistic unchanged, and each average equals a formula written here over the val
 
 import numpy as np
 
-from attn_lab.analysis import diagnostics
+from attn_lab.train import diagnostics
 
 
 def _random_maps(rng, b, n, t, s, valid_keys):

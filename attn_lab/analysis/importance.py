@@ -31,25 +31,24 @@ def ones(shapes: dict[str, tuple[int, int]], batch: int) -> dict[str, jax.Array]
     return {kind: jnp.ones((batch, *shape)) for kind, shape in shapes.items()}
 
 
-def example_losses(state: dict, batch: dict, head_masks: dict[str, jax.Array], *, graphdef: Any,
-                   kind: str) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Per-example mean loss ``[B]``, per-example accuracy ``[B]`` and example validity ``[B]`` under head masks."""
-    model = merge(graphdef, state)
-    if kind == "translation":
-        logits = model(batch["inputs"], batch["targets"], Ctx(), head_masks=head_masks)  # (B, T, V)
-        labels, weights = batch["targets"], (batch["targets"] != 0).astype(jnp.float32)  # (B, T)
-        token = jax.vmap(lambda lg, lb, w: jnp.stack(losses.cross_entropy(lg, lb, w)))(logits, labels, weights)
-        count = jnp.maximum(token[:, 1], 1.0)
-        hits = ((logits.argmax(-1) == labels) * weights).sum(-1)
-        return token[:, 0] / count, hits / count, (token[:, 1] > 0).astype(jnp.float32)
-    logits = model(batch["inputs"], Ctx(), head_masks=head_masks)  # (B, C)
-    per = jax.vmap(lambda lg, lb: losses.cross_entropy(lg, lb, jnp.ones(()))[0])(logits, batch["targets"])
-    return per, (logits.argmax(-1) == batch["targets"]).astype(jnp.float32), batch["mask"].astype(jnp.float32)
+def example_losses(state: dict, batch: dict, head_masks: dict[str, jax.Array] | None, *,
+                   graphdef: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-example mean loss ``[B]``, per-example accuracy ``[B]`` and example validity ``[B]`` under head masks.
+
+    Each row's weighted loss and hits over its own weights (a translation's target tokens, a classifier's one
+    label), so the model's ``forward_batch`` layout is all this needs; a row with no weight (padding, a fill row of
+    the last batch) is invalid and scores 0.
+    """
+    logits, labels, weights = merge(graphdef, state).forward_batch(batch, Ctx(), head_masks)  # weights (B, ...)
+    sums = jax.vmap(lambda lg, lb, w: jnp.stack(losses.cross_entropy(lg, lb, w)))(logits, labels, weights)  # (B, 2)
+    count = jnp.maximum(sums[:, 1], 1.0)
+    hits = jax.vmap(losses.correct)(logits, labels, weights)  # (B,)
+    return sums[:, 0] / count, hits / count, (sums[:, 1] > 0).astype(jnp.float32)
 
 
-def compile_analysis(graphdef: Any, kind: str) -> tuple[Callable, Callable]:
+def compile_analysis(graphdef: Any) -> tuple[Callable, Callable]:
     """(scores, importance_sums) jitted: per-example scores under masks, and sum_x |dL(x)/d xi| per kind."""
-    per_example = functools.partial(example_losses, graphdef=graphdef, kind=kind)
+    per_example = functools.partial(example_losses, graphdef=graphdef)
 
     def importance_sums(state, batch, head_masks):
         def total(masks):
@@ -151,9 +150,9 @@ def all_but_one(state: dict, shapes: dict[str, tuple[int, int]], score: Scorer) 
     return out
 
 
-def compile_gradients(graphdef: Any, kind: str) -> Callable:
+def compile_gradients(graphdef: Any) -> Callable:
     """Jitted ``(state, batch) -> gradient of the mean per-example loss`` with respect to the parameters."""
-    per_example = functools.partial(example_losses, graphdef=graphdef, kind=kind)
+    per_example = functools.partial(example_losses, graphdef=graphdef)
 
     def grads(state, batch):
         def mean_loss(params):

@@ -1,83 +1,16 @@
-"""A finished run, loaded for analysis: its config, task, model graph and restored state (no logger, no W&B)."""
+"""Analysis of a finished run: its results and its captured attention maps (the run is restored by
+:func:`attn_lab.train.restore.load_finished_run`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
-import ml_collections
 import numpy as np
-from flax import nnx
 
-from attn_lab.analysis.capture import as_layers, capture_step
-from attn_lab.data import Task, load_task
-from attn_lab.models import build_model
-from attn_lab.train.checkpoint import Checkpointer
-from attn_lab.train.decode import compile_decode, supports_cached_decoding
-from attn_lab.train.metrics import translation_scores
-from attn_lab.train.steps import init_state, make_optimizer, merge, model_state
-
-
-@dataclasses.dataclass
-class FinishedRun:
-    config: ml_collections.ConfigDict
-    task: Task
-    graphdef: Any
-    state: dict
-    step: int
-
-    @property
-    def kind(self) -> str:
-        return self.task.kind
-
-    def decode_scorer(self, batches: list[dict], split: str, metric: str) -> Callable:
-        """A :data:`~attn_lab.analysis.importance.Scorer` that greedy-decodes ``batches`` (the first batches of
-        ``split``) under head masks: per-example exact match, and the corpus value ``metric`` ('bleu' or
-        'exact_match')."""
-        decode = compile_decode(self.graphdef, self.task.max_target_length,
-                                supports_cached_decoding(merge(self.graphdef, self.state)))
-        refs = self.task.references(split)
-
-        def score(state, masks):
-            masks = {k: jnp.asarray(v, jnp.float32) for k, v in masks.items()}
-            hyps = [self.task.decode(row) for b in batches for row in np.asarray(decode(state, b["inputs"], masks))]
-            hyps = hyps[: len(refs)]  # the last batch's padding rows have no reference
-            scores = translation_scores(hyps, refs[: len(hyps)], self.config.eval.bleu_tokenize)
-            return np.array([h == r for h, r in zip(hyps, refs)], np.float64), scores[metric]
-        return score
-
-    def batches(self, split: str, max_batches: int | None = None) -> list[dict]:
-        ds = self.task.dataset(split, self.config.train.batch_size, train=False)
-        n = len(ds) if max_batches is None else min(len(ds), max_batches)
-        return [ds[i] for i in range(n)]
-
-
-def load_finished_run(workdir: str) -> FinishedRun:
-    """Rebuilds the model from ``workdir/config.json`` and restores its latest checkpoint."""
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        raise ValueError(f"{workdir} is not a run folder (no config.json)")
-    with open(path) as f:
-        config = ml_collections.ConfigDict(json.load(f))
-    task = load_task(config.task, config.task.data_dir)
-    max_len = max(task.max_input_length, task.max_target_length or 0) + 1
-    model = build_model(config.model, kind=task.kind, vocab_size=task.vocab.size, max_len=max_len,
-                        num_classes=task.num_classes, seed=config.seed, gates=config.get("heads", {}).get("gates"))
-    graphdef, params, _ = nnx.split(model, nnx.Param, ...)
-    state = init_state(nnx.to_pure_dict(params), model_state(model), make_optimizer(config.train, config.get("heads", {}).get("gates")), config.seed)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
-    try:
-        step = ckpt.latest_step()
-        if step is None:
-            raise ValueError(f"{workdir} has no checkpoint to analyze")
-        state = ckpt.restore(state, step)
-    finally:
-        ckpt.close()
-    return FinishedRun(config, task, graphdef, state, int(step))
+from attn_lab.train.capture import as_layers, capture_step
+from attn_lab.train.restore import FinishedRun
 
 
 def finished_results(workdir: str) -> dict:
@@ -91,4 +24,4 @@ def finished_results(workdir: str) -> dict:
 
 def capture_maps(run: FinishedRun, batch: dict) -> dict[str, dict[str, np.ndarray]]:
     """``'<kind>/<layer>'`` -> attention maps ``[B, N, T, S]``, head outputs and key validity ``[B, S]``."""
-    return as_layers(jax.jit(capture_step(run.graphdef, run.kind))(run.state, batch), batch)
+    return as_layers(jax.jit(capture_step(run.graphdef))(run.state, batch), batch)

@@ -16,8 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attn_lab.models import Ctx, count_params
-from attn_lab.models import attention_layers
+from attn_lab.models import Ctx, attention_layers, count_params
 from attn_lab.train.steps import merge
 
 
@@ -73,15 +72,12 @@ def compare_speed(fns: dict[str, Callable[[], Any]], repeats: int = 20, rounds: 
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
-def compile_forward(model: nnx.Module, kind: str) -> Callable:
+def compile_forward(model: nnx.Module) -> Callable:
     """Jitted ``(batch, head_masks=None) -> logits`` of a Seq2Seq (teacher-forced) or Classifier at test time."""
     graphdef, state = nnx.split(model)
 
     def forward(state, batch, head_masks):
-        m = nnx.merge(graphdef, state)
-        if kind == "translation":
-            return m(batch["inputs"], batch["targets"], Ctx(), head_masks=head_masks)  # (B, T, V)
-        return m(batch["inputs"], Ctx(), head_masks=head_masks)  # (B, C)
+        return nnx.merge(graphdef, state).forward_batch(batch, Ctx(), head_masks)[0]  # (B, T, V) or (B, C)
 
     jitted = jax.jit(forward)
     return lambda batch, head_masks=None: jitted(state, batch, head_masks)
@@ -92,12 +88,12 @@ def tile_batch(batch: dict, rows: int) -> dict:
     return {k: np.resize(v, (rows, *np.shape(v)[1:])) for k, v in batch.items()}
 
 
-def speed_report(graphdef: Any, state: dict, masks: dict[str, np.ndarray], kind: str, batch: dict) -> dict:
+def speed_report(graphdef: Any, state: dict, masks: dict[str, np.ndarray], batch: dict) -> dict:
     """Prunes the model of a training state, checks it against the masked model, and times the full, masked and
     pruned forward passes in one interleaved run."""
     model = merge(graphdef, state)
     pruned = prune_model(model, masks)
-    full_fn, pruned_fn = compile_forward(model, kind), compile_forward(pruned, kind)
+    full_fn, pruned_fn = compile_forward(model), compile_forward(pruned)
     jmasks = {k: jnp.asarray(v, jnp.float32) for k, v in masks.items()}
     diff = float(jnp.abs(pruned_fn(batch) - full_fn(batch, jmasks)).max())
     seconds = compare_speed({"full": lambda: full_fn(batch), "masked": lambda: full_fn(batch, jmasks),

@@ -1,5 +1,10 @@
 """Transformer encoder-decoder (translation) and encoder classifier, built from one shared block.
 
+Each model class carries what its task kind changes (:data:`MODELS` maps a kind to its class): which attention
+kinds it has, whether it generates text, and the logits, labels and loss weights of a batch
+(``forward_batch``). The train and eval steps, head analysis and capture call that one method, so no module outside
+this one branches on the task kind.
+
 Every attention in the models is :class:`attn_lab.attention.MultiHeadAttention`; the three attention *kinds*
 (``encoder_self``, ``decoder_self``, ``cross``) each take their kernel, ``num_kv_heads`` and head mask from config,
 so a head-count, kernel or pruning ablation is a config override, never a copied model.
@@ -198,7 +203,14 @@ def _embed(vocab_size: int, d_model: int, rngs: nnx.Rngs, dtype: Any = None) -> 
 class Seq2Seq(nnx.Module):
     """Encoder-decoder for translation. Token id 0 is padding, 1 is BOS (the decoder's first input)."""
 
-    def __init__(self, cfg: Any, *, vocab_size: int, max_len: int, rngs: nnx.Rngs, gates: Any = None):
+    KIND = "translation"
+    ATTENTION_KINDS = KINDS
+    GENERATES = True  # greedy-decodes text, scored by BLEU and exact match
+
+    def __init__(self, cfg: Any, *, vocab_size: int, max_len: int, rngs: nnx.Rngs, gates: Any = None,
+                 num_classes: int | None = None):
+        """``num_classes`` is ignored (the outputs are the vocabulary): every model class takes the same arguments,
+        so :func:`build_model` needs no branch."""
         src_embed = _embed(vocab_size, cfg.d_model, rngs, dtype(cfg))
         tgt_embed = src_embed if cfg.tie_embeddings else _embed(vocab_size, cfg.d_model, rngs, dtype(cfg))
         self.encoder = Stack(cfg, src_embed, max_len, self_kind="encoder_self", cross=False,
@@ -235,6 +247,12 @@ class Seq2Seq(nnx.Module):
         memory = self.encode(inputs, ctx, head_masks)
         return self.decode(decoder_inputs, memory, inputs, ctx, head_masks=head_masks)
 
+    def forward_batch(self, batch: dict, ctx: Ctx = Ctx(),
+                      head_masks: dict | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Teacher-forced logits ``[B, T, V]``, labels ``[B, T]`` and weights ``[B, T]`` (0 on padded targets)."""
+        logits = self(batch["inputs"], batch["targets"], ctx, head_masks)  # (B, T, V)
+        return logits, batch["targets"], (batch["targets"] != PAD).astype(jnp.float32)
+
     def init_cache(self, batch_size: int, max_len: int) -> None:
         """Preallocates every decoder self-attention's KV cache for greedy decoding."""
         for block in self.decoder.blocks:
@@ -244,6 +262,10 @@ class Seq2Seq(nnx.Module):
 
 class Classifier(nnx.Module):
     """Encoder + mean or CLS pooling + linear head (Long Range Arena style)."""
+
+    KIND = "classification"
+    ATTENTION_KINDS = ("encoder_self",)
+    GENERATES = False  # scored by accuracy only
 
     def __init__(self, cfg: Any, *, vocab_size: int, max_len: int, num_classes: int, rngs: nnx.Rngs,
                  gates: Any = None):
@@ -274,15 +296,28 @@ class Classifier(nnx.Module):
             pooled = (h * w).sum(1) / jnp.maximum(w.sum(1), 1.0)  # (B, d)
         return self.head(pooled)
 
+    def forward_batch(self, batch: dict, ctx: Ctx = Ctx(),
+                      head_masks: dict | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Class logits ``[B, C]``, labels ``[B]`` and weights ``[B]`` (0 on the fill rows of a last batch)."""
+        return self(batch["inputs"], ctx, head_masks), batch["targets"], batch["mask"].astype(jnp.float32)
+
+
+MODELS = {cls.KIND: cls for cls in (Seq2Seq, Classifier)}
+
+
+def model_class(kind: str) -> type[Seq2Seq] | type[Classifier]:
+    """The model class of a task kind (what it has and does, before any model is built)."""
+    if kind not in MODELS:
+        raise ValueError(f"task kind {kind!r} has no model; known kinds: {', '.join(MODELS)}")
+    return MODELS[kind]
+
 
 def build_model(cfg: Any, *, kind: str, vocab_size: int, max_len: int, num_classes: int | None = None,
-                seed: int = 0, gates: Any = None) -> nnx.Module:
-    """The model for a task ``kind`` ('translation' or 'classification') from ``config.model``; ``gates``:
+                seed: int = 0, gates: Any = None) -> Seq2Seq | Classifier:
+    """The model for a task ``kind`` (a key of :data:`MODELS`) from ``config.model``; ``gates``:
     ``config.heads.gates`` (L0 head gates when enabled)."""
-    rngs = nnx.Rngs(params=seed)
-    if kind == "translation":
-        return Seq2Seq(cfg, vocab_size=vocab_size, max_len=max_len, rngs=rngs, gates=gates)
-    return Classifier(cfg, vocab_size=vocab_size, max_len=max_len, num_classes=num_classes, rngs=rngs, gates=gates)
+    return model_class(kind)(cfg, vocab_size=vocab_size, max_len=max_len, num_classes=num_classes,
+                             rngs=nnx.Rngs(params=seed), gates=gates)
 
 
 def attention_layers(model: nnx.Module) -> list[tuple[str, int, nnx.Module]]:

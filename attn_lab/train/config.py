@@ -26,7 +26,7 @@ from attn_lab.data import task_kind, validate_task_config
 from attn_lab.data.builders import resolve_data_dir
 from attn_lab.data.pipeline import bucket_lengths
 from attn_lab.data.tasks import is_prepared, max_train_examples, sequence_lengths
-from attn_lab.models import KINDS, parse_head_mask
+from attn_lab.models import KINDS, model_class, parse_head_mask
 from attn_lab.train import diversity, learned
 from attn_lab.train.logging import check_wandb_mode
 
@@ -243,7 +243,7 @@ def _check_model(m: Any, task: Any) -> dict[str, Any]:
     if m.head_dim is None and m.d_model % m.num_heads:
         raise ValueError(f"model.num_heads={m.num_heads} does not divide model.d_model={m.d_model}; "
                          "set model.head_dim to decouple them")
-    kinds = KINDS if task_kind(task) == "translation" else ("encoder_self",)
+    kinds = model_class(task_kind(task)).ATTENTION_KINDS
     lengths, kernels, masks = _key_lengths(task, m.pooling), {}, {}
     for kind in kinds:
         kv = m.kinds[kind].num_kv_heads or m.num_kv_heads or m.num_heads
@@ -285,12 +285,13 @@ def _check_batch_size(config: Any) -> None:
                          "(data parallel)")
 
 
-def _check_bleu(tokenize: str, translation: bool) -> None:
-    """The BLEU tokenizer, checked now rather than at the first evaluation after training."""
+def _check_bleu(tokenize: str, generates: bool) -> None:
+    """The BLEU tokenizer, checked now rather than at the first evaluation after training; built only for a model
+    that generates text (the only one scored by BLEU)."""
     if tokenize not in BLEU.TOKENIZERS:
         raise ValueError(f"eval.bleu_tokenize={tokenize!r} is not one of sacrebleu's tokenizers: "
                          f"{', '.join(BLEU.TOKENIZERS)}")
-    if not translation:
+    if not generates:
         return
     try:  # 'ja-mecab' and 'ko-mecab' need extra packages; the 'flores' ones download a model once (fail offline)
         BLEU(tokenize=tokenize)
@@ -340,12 +341,11 @@ def validate_config(config: Any) -> None:
     check_parallel(config)
     _check_gates(config.heads.gates)
     validate_task_config(config.task)
-    translation = task_kind(config.task) == "translation"
     kernels = _check_model(config.model, config.task)
     diversity.check_config(config.loss.diversity, kernels)
     learned.check_config(config.loss, kernels)
     _check_diversity_layers(config)
     _check_batch_size(config)
-    _check_bleu(config.eval.bleu_tokenize, translation)
+    _check_bleu(config.eval.bleu_tokenize, model_class(task_kind(config.task)).GENERATES)
     _check_wandb(config.wandb)
     _check_paths(config)

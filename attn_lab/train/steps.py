@@ -64,17 +64,9 @@ def model_state(model: nnx.Module) -> Any:
     return nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[2])
 
 
-def forward(model: nnx.Module, batch: dict, kind: str, ctx: Ctx) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Logits, labels and weights for one batch of a task kind ('translation' or 'classification')."""
-    if kind == "translation":
-        logits = model(batch["inputs"], batch["targets"], ctx)  # (B, T, V)
-        return logits, batch["targets"], (batch["targets"] != 0).astype(jnp.float32)
-    return model(batch["inputs"], ctx), batch["targets"], batch["mask"].astype(jnp.float32)  # (B, C)
-
-
-def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTransformation, kind: str,
-               label_smoothing: float, diversity: Any = None, gates: Any = None,
-               num_steps: int = 1, loss_cfg: Any = None) -> tuple[dict, dict]:
+def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTransformation, label_smoothing: float,
+               diversity: Any = None, gates: Any = None, num_steps: int = 1,
+               loss_cfg: Any = None) -> tuple[dict, dict]:
     """One optimizer step; dropout keys are ``fold_in(rng, step)`` so a resumed run replays the same noise.
 
     ``diversity`` (``config.loss.diversity``): when any regularizer has a positive weight, the forward pass captures
@@ -90,7 +82,7 @@ def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTra
         model = merge(graphdef, state, params)
         ctx = Ctx(deterministic=False, rngs=nnx.Rngs(dropout=key),
                   capture=diversity_lib.needs_capture(diversity) if regularize else False)
-        logits, labels, weights = forward(model, batch, kind, ctx)
+        logits, labels, weights = model.forward_batch(batch, ctx)
         loss_sum, weight_sum = losses.cross_entropy(logits, labels, weights, label_smoothing)
         task_loss = loss_sum / jnp.maximum(weight_sum, 1.0)
         reg, terms = diversity_lib.regularizer(model, diversity) if regularize else (0.0, {})
@@ -114,10 +106,10 @@ def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTra
     return new_state, metrics
 
 
-def eval_step(state: dict, batch: dict, *, graphdef: Any, kind: str) -> dict:
+def eval_step(state: dict, batch: dict, *, graphdef: Any) -> dict:
     """Sums (not means) of loss, hits and weights, so batches of any fill combine exactly."""
     model = merge(graphdef, state)
-    logits, labels, weights = forward(model, batch, kind, Ctx())
+    logits, labels, weights = model.forward_batch(batch, Ctx())
     loss_sum, weight_sum = losses.cross_entropy(logits, labels, weights)
     return {"loss": loss_sum, "correct": losses.correct(logits, labels, weights), "weight": weight_sum}
 
@@ -126,9 +118,14 @@ def compile_steps(graphdef: Any, tx: optax.GradientTransformation, kind: str, la
                   num_seeds: int = 1, diversity: Any = None, gates: Any = None,
                   num_steps: int = 1, loss_cfg: Any = None) -> tuple[Callable, Callable]:
     """The jitted train step (state donated: updated in place) and eval step, over a leading seed axis of the state
-    (and of the train batch; eval batches are shared by all seeds)."""
-    train = functools.partial(train_step, graphdef=graphdef, tx=tx, kind=kind, label_smoothing=label_smoothing,
+    (and of the train batch; eval batches are shared by all seeds).
+
+    ``kind``, the task kind, changes nothing here: the model in ``graphdef`` lays out its own batch
+    (``forward_batch``). It stays a positional argument because callers (tests' fixtures, benchmarks) pass it.
+    """
+    del kind
+    train = functools.partial(train_step, graphdef=graphdef, tx=tx, label_smoothing=label_smoothing,
                               diversity=diversity, gates=gates, num_steps=num_steps, loss_cfg=loss_cfg)
-    evaluate = functools.partial(eval_step, graphdef=graphdef, kind=kind)
+    evaluate = functools.partial(eval_step, graphdef=graphdef)
     return (jax.jit(seed_map(train, num_seeds, (0, 0)), donate_argnums=(0,)),
             jax.jit(seed_map(evaluate, num_seeds, (0, None))))

@@ -20,7 +20,6 @@ import numpy as np
 import tqdm
 from flax import nnx, traverse_util
 
-from attn_lab.analysis.capture import as_layers, capture_step, track_summary
 from attn_lab.attention.dispatch import describe_dispatch
 from attn_lab.data import load_task
 from attn_lab.environment import environment
@@ -28,6 +27,7 @@ from attn_lab.models import build_model, count_params
 from attn_lab.models.gates import binary_gates
 from attn_lab.train import learned as learned_lib
 from attn_lab.train import metrics as metrics_lib
+from attn_lab.train.capture import as_layers, capture_step, track_summary
 from attn_lab.train.checkpoint import CheckpointError, Checkpointer
 from attn_lab.train.config import validate_config
 from attn_lab.train.decode import compile_decode, supports_cached_decoding
@@ -35,6 +35,7 @@ from attn_lab.io import write_json_atomic
 from attn_lab.train.logging import METRICS_FILE, MetricLogger
 from attn_lab.train.parallel import DataParallel, main_process_first
 from attn_lab.train.prefetch import Prefetcher
+from attn_lab.train.restore import load_finished_run
 from attn_lab.train.seeds import seed_map, stack, stack_batches, unstack
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, merge, model_state
 from attn_lab.train.workdir import (RESULTS_FILE, TRAINING_FILE, RunError, describe, finished_results, lock_workdirs,
@@ -95,8 +96,8 @@ class Run:
                                                         num_steps=config.train.num_steps,
                                                         loss_cfg=config.loss)
         self.decode = (compile_decode(self.graphdef, self.task.max_target_length, supports_cached_decoding(models[0]),
-                                      num_seeds=n) if self.task.kind == "translation" else None)
-        self.capture = (jax.jit(seed_map(capture_step(self.graphdef, self.task.kind), n, (0, None)))
+                                      num_seeds=n) if models[0].GENERATES else None)
+        self.capture = (jax.jit(seed_map(capture_step(self.graphdef), n, (0, None)))
                         if config.heads.track else None)
         states = [init_state(nnx.to_pure_dict(nnx.state(m, nnx.Param)), model_state(m), tx, s)
                   for m, s in zip(models, self.seeds)]
@@ -264,9 +265,7 @@ def _set_aside(unreadable: list[tuple[Checkpointer, int, str]], step: int, main:
 def _init_from(path: str, states: list[dict], verbose: bool) -> list[dict]:
     """Each seed's state with every parameter that the finished run in ``path`` also has (same path, same shape)
     taken from it; parameters it lacks (e.g. new head gates) keep their initialization; the optimizer starts fresh.
-    The source run is loaded once for all seeds."""
-    from attn_lab.analysis.run import load_finished_run  # the source run's own config rebuilds its model
-
+    The source run is loaded once for all seeds, its model rebuilt from its own config."""
     source = traverse_util.flatten_dict(load_finished_run(path).state["params"])
     out = []
     for state in states:

@@ -1,7 +1,8 @@
 """Attention maps and per-head outputs of one batch, captured in a jittable forward pass.
 
-Used by the head analysis of finished runs and, with ``config.heads.track=True``, by the trainer at every
-evaluation, so a researcher sees heads specialize or die over training.
+Used by the trainer at every evaluation with ``config.heads.track=True``, so a researcher sees heads specialize or
+die over training, and by the head analysis of finished runs (:mod:`attn_lab.analysis`). It lives in ``train``,
+below both, so imports only point down.
 """
 
 from __future__ import annotations
@@ -11,17 +12,16 @@ from typing import Any, Callable
 import numpy as np
 from flax import nnx
 
-from attn_lab.analysis import diagnostics
-from attn_lab.models import Ctx
-from attn_lab.models import attention_layers
-from attn_lab.train.steps import forward, merge
+from attn_lab.models import Ctx, attention_layers
+from attn_lab.train import diagnostics
+from attn_lab.train.steps import merge
 
 
-def capture_step(graphdef: Any, kind: str) -> Callable[[dict, dict], dict]:
+def capture_step(graphdef: Any) -> Callable[[dict, dict], dict]:
     """``(state, batch) -> {'<kind>/<layer>': {'attention_weights', 'head_outputs', 'values'}}`` (pure, jittable)."""
     def captured(state: dict, batch: dict) -> dict:
         model = merge(graphdef, state)
-        forward(model, batch, kind, Ctx(capture=True))
+        model.forward_batch(batch, Ctx(capture=True))
         return {f"{k}/{layer}": {name: v[0] for name, v in nnx.to_pure_dict(nnx.pop(attn, nnx.Intermediate)).items()}
                 for k, layer, attn in attention_layers(model)}
     return captured
