@@ -196,8 +196,10 @@ def register(spec: TaskSpec) -> TaskSpec:
     Raises:
       ValueError: the name is taken (by a task or a family's prefix), or the kind is not one of KINDS.
     """
-    if spec.name in _REGISTRY or _family(spec.name):
+    if spec.name in _REGISTRY:
         raise ValueError(f"task '{spec.name}' registered twice")
+    if _family(spec.name):
+        raise ValueError(f"task name '{spec.name}' belongs to a registered family (prefixes: {', '.join(_FAMILIES)})")
     if spec.kind not in KINDS:
         raise ValueError(f"task '{spec.name}' has kind={spec.kind!r}; allowed: {', '.join(KINDS)}")
     _REGISTRY[spec.name] = spec
