@@ -17,8 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(ROOT, "scripts", "sweep.py")
 
 
-def _experiment(tmp_path, body: dict) -> str:
-    """An experiment file in a fake repository root (tmp/experiments/x.py) whose base config is the real one."""
+def _experiment(tmp_path, body: dict, report: str | None = None) -> str:
+    """An experiment file in a fake repository root (tmp/experiments/x.py) whose base config is the real one; with
+    ``report``, the shipped ``experiments/<report>.py`` (its tables) with this ``get_experiment`` instead of its own."""
     (tmp_path / "experiments").mkdir(exist_ok=True)
     (tmp_path / "configs").mkdir(exist_ok=True)
     for name in ("numbers.py", "listops.py"):
@@ -29,7 +30,9 @@ def _experiment(tmp_path, body: dict) -> str:
     if not (tmp_path / "scripts" / "analyze_heads.py").exists():  # the analysis is still launched by path
         (tmp_path / "scripts" / "analyze_heads.py").symlink_to(os.path.join(ROOT, "scripts", "analyze_heads.py"))
     path = tmp_path / "experiments" / "x.py"
-    path.write_text(textwrap.dedent(f"""
+    shipped = open(os.path.join(ROOT, "experiments", f"{report}.py")).read() if report else ""
+    path.write_text(shipped + textwrap.dedent(f"""
+
         def get_experiment(preset="quick"):
             return {body!r}
     """))
@@ -107,11 +110,10 @@ def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial_then_analyzes_a
     each finished trial; make_tables turns the folder into tables over both seeds; a rerun trains only what is
     missing."""
     path = _experiment(tmp_path, {**BASE, "variants": {"two": {"model.num_heads": 2}}, "seeds": [0, 1],
-                                  "analyze": {"what": "ablate", "max_batches": 1}, "report": "pruning",
-                                  "overrides": {
+                                  "analyze": {"what": "ablate", "max_batches": 1}, "overrides": {
         "task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
         "train.num_steps": 4, "train.batch_size": 16, "train.log_every": 2, "train.eval_every": 4,
-        "train.checkpoint_every": 4, "train.max_eval_batches": 1, "wandb.mode": "disabled"}})
+        "train.checkpoint_every": 4, "train.max_eval_batches": 1, "wandb.mode": "disabled"}}, report="pruning")
     cmd = [sys.executable, "-m", "attn_lab.sweep", "--experiment", path, "--workdir", str(tmp_path / "runs"),
            "--vmap-seeds", f"--config.task.data_dir={tmp_path / 'data'}"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -127,9 +129,9 @@ def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial_then_analyzes_a
     tables = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), str(tmp_path / "runs")],
                             capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr
-    md = (tmp_path / "runs" / "tables" / "pruning.md").read_text()
+    md = (tmp_path / "runs" / "tables" / "x.md").read_text()  # named after the experiment file
     assert "All-but-one head per layer" in md and "± " in md and "(2)" in md  # mean ± std over the 2 seeds
-    assert "-1.31*" in md and (tmp_path / "runs" / "tables" / "pruning.tex").exists()  # Michel et al. beside ours
+    assert "-1.31*" in md and (tmp_path / "runs" / "tables" / "x.tex").exists()  # Michel et al. beside ours
     os.remove(tmp_path / "runs" / "variant=two,seed=1" / "results.json")
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and "seed=0: skipped" in second.stdout and "seed=1: ok" in second.stdout
@@ -146,7 +148,7 @@ def test_every_shipped_experiment_preset_builds_valid_trials(experiment):
 
     name, preset = experiment.split(":")
     exp = load_experiment(os.path.join(ROOT, "experiments", f"{name}.py:{preset}"))
-    assert exp.report and exp.trials()
+    assert exp.report_fn and exp.trials()
     for trial in exp.trials()[:: len(exp.seeds)]:  # seeds do not change validity
         config = load_config_file(exp.config)
         for key, value in trial.overrides.items():
@@ -208,11 +210,10 @@ def test_a_trial_that_dies_of_nan_keeps_its_error_line_in_results_csv_and_the_ta
     progress bar), it stays in results.csv, and make_tables marks its row failed and lists it with that line."""
     nan = {"model.num_heads": 4, "train.learning_rate": 1e36, "train.warmup_steps": 1, "train.grad_clip": 1e30,
            "train.weight_decay": 0.0, "train.checkpoint_every": 1}
-    path = _experiment(tmp_path, {**BASE, "report": "head_count", "variants": {"A-h2": {"model.num_heads": 2},
-                                                                               "A-h4": nan}, "overrides": {
+    path = _experiment(tmp_path, {**BASE, "variants": {"A-h2": {"model.num_heads": 2}, "A-h4": nan}, "overrides": {
         "task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
         "train.num_steps": 4, "train.batch_size": 16, "train.log_every": 2, "train.eval_every": 4,
-        "train.max_eval_batches": 1, "wandb.mode": "disabled"}})
+        "train.max_eval_batches": 1, "wandb.mode": "disabled"}}, report="head_count")
     runs = tmp_path / "runs"
     proc = subprocess.run([sys.executable, SWEEP, "--experiment", path, "--workdir", str(runs),
                            f"--config.task.data_dir={tmp_path / 'data'}", "--config.compile_cache="],
@@ -227,7 +228,7 @@ def test_a_trial_that_dies_of_nan_keeps_its_error_line_in_results_csv_and_the_ta
     tables = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), str(runs)],
                             capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr
-    md = (runs / "tables" / "head_count.md").read_text()
+    md = (runs / "tables" / "x.md").read_text()
     assert "| A-h4 | 4 | – | 4 | – | – | – | – | – | 5.0 / 25.5 | failed (1 of 1 seeds) |" in md, md
     assert "| status |" in md and "| A-h2 | 2 |" in md and "| ok |" in md
     assert f"| variant=A-h4,seed=0 | {rows[1]['status']} |" in md

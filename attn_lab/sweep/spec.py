@@ -14,10 +14,10 @@ An experiment file (``experiments/<table>.py``) has ``get_experiment(preset) -> 
   name), for tables whose rows are not a product -- e.g. head-count rows, MQA and GQA in one sweep;
 - ``seeds``: list of seeds (crossed with everything else);
 - ``analyze``: ``{'what': 'ablate,prune', 'metric': 'bleu', ...}``: ``scripts/analyze_heads.py`` flags run on every
-  trial once it finishes (skipped when its ``analysis/<method>.json`` files exist);
-- ``report``: which table ``scripts/make_tables.py`` makes (``head_count``, ``pruning``, ``diversity``, ``variants``).
-  A self-contained experiment instead defines ``report(rows, sweep_dir, exp, out_dir, bench) -> [Table]`` in its own
-  file, next to its published numbers (experiments/dynamic.py), and make_tables uses that.
+  trial once it finishes (skipped when its ``analysis/<method>.json`` files exist).
+
+Beside ``get_experiment`` the file defines ``report(rows, sweep_dir, exp, out_dir, bench) -> [Table]``, next to its
+published numbers: the tables ``scripts/make_tables.py`` makes of the sweep.
 
 Everything is checked against the base config before any trial starts: unknown keys, empty axes, zipped lists of
 unequal length and duplicate trials each stop with one line.
@@ -36,7 +36,7 @@ import ml_collections
 
 from attn_lab.checks import check_seed
 
-KEYS = ("name", "config", "overrides", "grid", "zip", "variants", "seeds", "analyze", "report")
+KEYS = ("name", "config", "overrides", "grid", "zip", "variants", "seeds", "analyze")
 # key -> (type, what it must be): the shape of what get_experiment returns
 SHAPES: dict[str, tuple[type, str]] = {
     "name": (str, "a non-empty string"), "config": (str, "a string 'configs/<task>.py[:preset]'"),
@@ -44,7 +44,6 @@ SHAPES: dict[str, tuple[type, str]] = {
     "zip": ((list, tuple), "a list of dicts {'dotted.key': [values]}"),
     "variants": (dict, "a dict {'name': {overrides}}"),
     "seeds": ((list, tuple), "a list of seeds"), "analyze": (dict, "a dict of analyze_heads.py flags"),
-    "report": (str, "a table name"),
 }
 REQUIRED = ("name", "config")
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/, scripts/
@@ -70,8 +69,7 @@ class Experiment:
     seeds: list[int]
     variants: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     analyze: dict[str, Any] = dataclasses.field(default_factory=dict)
-    report: str | None = None
-    report_fn: Any = None  # the experiment file's own ``report`` function, if it defines one
+    report_fn: Any = None  # the experiment file's ``report`` function, if it defines one
 
     def trials(self) -> list[Trial]:
         """Every combination of the axes and seeds, named from its swept values."""
@@ -180,7 +178,7 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
         check_seed(seed, f"{path}: seeds")
     exp = Experiment(name=raw["name"], config=config_path, root=root, overrides=dict(raw.get("overrides", {})),
                      axes=axes, seeds=seeds, variants=dict(variants), analyze=dict(raw.get("analyze", {})),
-                     report=raw.get("report"), report_fn=getattr(module, "report", None))
+                     report_fn=getattr(module, "report", None))
     names = [t.name for t in exp.trials()]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
