@@ -11,8 +11,9 @@ import ast
 import os
 import re
 import sys
+from typing import Callable
 
-from absl import flags
+from absl import app, flags
 from ml_collections import config_flags
 
 flags.disclaim_key_flags()  # a flag defined through this module belongs to its caller (shown by its --help)
@@ -156,3 +157,12 @@ def check_config_overrides(config, overrides: list[str]) -> None:
         sys.exit(f"error: {_unknown_key(argv, e)}")
     except flags.Error as e:
         sys.exit(f"error: {_flag_error(e)}")
+
+
+def run_entry_point(main: Callable[[list[str]], int | None], module: str,
+                    flags_parser: Callable[[list[str]], list[str]] = parse_flags) -> None:
+    """``app.run(main)`` for an entry point whose flags ``module`` defines: absl's ``--help`` lists the flags of
+    ``sys.argv[0]``, which is another file when a console script (``attn-train``) imports the module."""
+    for flag in flags.FLAGS.get_key_flags_for_module(module):
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    app.run(main, flags_parser=flags_parser)

@@ -51,3 +51,15 @@ def test_every_imported_third_party_package_is_declared():
 
 def test_setup_declares_what_tensorflow_datasets_forgets():
     assert "importlib-resources" in _declared_distributions()
+
+
+def test_console_scripts_name_the_package_entry_points():
+    """``attn-train`` / ``attn-sweep`` (setup.py) call the ``run`` of ``python -m attn_lab.train`` / ``attn_lab.sweep``
+    (checked from the source: importing both would define their absl flags twice in this process)."""
+    text = open(os.path.join(ROOT, "setup.py")).read()
+    scripts = dict(re.findall(r'"(attn-\w+) = ([\w.]+:\w+)"', text))
+    assert scripts == {"attn-train": "attn_lab.train.__main__:run", "attn-sweep": "attn_lab.sweep.__main__:run"}
+    for target in scripts.values():
+        module, function = target.split(":")
+        source = os.path.join(ROOT, *module.split(".")) + ".py"
+        assert function in {n.name for n in ast.parse(open(source).read()).body if isinstance(n, ast.FunctionDef)}

@@ -22,10 +22,11 @@ import os
 import re
 import sys
 
-from absl import app, flags
+from absl import flags
 
 from attn_lab.checks import check_seed, check_writable
-from attn_lab.cli import DEFINE_integer_list, check_config_overrides, main_args, parse_flags, split_config_overrides
+from attn_lab.cli import (DEFINE_integer_list, check_config_overrides, main_args, parse_flags, run_entry_point,
+                          split_config_overrides)
 from attn_lab.io import write_json_atomic
 from attn_lab.sweep.runner import collect, format_table, override_flags, run_sweep, write_csv
 from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment
@@ -133,7 +134,7 @@ def main(argv: list[str]) -> int:
 
 def run() -> None:
     """The ``attn-sweep`` console script."""
-    app.run(main, flags_parser=parse_sweep_flags)
+    run_entry_point(main, __name__, parse_sweep_flags)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ several seeds in one vmapped program, each written to its own folder exactly as 
 import json
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 from attn_lab.checks import check_seed
-from attn_lab.cli import DEFINE_integer_list, main_args, parse_flags
+from attn_lab.cli import DEFINE_integer_list, main_args, run_entry_point
 from attn_lab.train.config import check_parallel, check_workdirs, validate_config
 from attn_lab.train.parallel import initialize_distributed
 from attn_lab.train.seeds import seed_workdirs
@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
 
 def run() -> None:
     """The ``attn-train`` console script."""
-    app.run(main, flags_parser=parse_flags)
+    run_entry_point(main, __name__)
 
 
 if __name__ == "__main__":
