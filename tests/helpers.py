@@ -9,7 +9,7 @@ Two random sources are kept apart on purpose, since the same seed gives differen
 - ``jax_randn``: ``jax.random.normal(jax.random.key(seed), ...)``. Each new shape compiles a sampler (~1 s on a
   loaded CPU).
 - ``np_randn``: ``numpy.random.default_rng(seed).standard_normal`` in float64, scaled, then cast once to ``dtype``
-  (no compile per shape); a jax array, or a numpy array with ``as_numpy=True``.
+  (no compile per shape), as a jax array; ``np_randn_host`` is the same draw as a numpy array (float64 kept).
 """
 
 import jax
@@ -31,11 +31,15 @@ def jax_randn(seed, shape, scale=1.0, dtype=jnp.float32):
     return x if scale == 1.0 else scale * x
 
 
-def np_randn(seed, shape, scale=1.0, dtype=np.float32, as_numpy=False):
+def np_randn(seed, shape, scale=1.0, dtype=np.float32):
     """``scale * N(0, 1)`` of ``shape`` from ``numpy.random.default_rng(seed)``, drawn and scaled in float64 and
-    cast to ``dtype`` once (bfloat16 included); a jax array unless ``as_numpy``."""
-    x = scale * np.random.default_rng(seed).standard_normal(shape)
-    return np.asarray(x, dtype) if as_numpy else jnp.asarray(x, dtype)
+    cast to ``dtype`` once (bfloat16 included), as a jax array."""
+    return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(shape), dtype)
+
+
+def np_randn_host(seed, shape, scale=1.0, dtype=np.float32):
+    """``np_randn``'s draw as a numpy array (a float64 ``dtype`` stays float64)."""
+    return np.asarray(scale * np.random.default_rng(seed).standard_normal(shape), dtype)
 
 
 def seeded_qkv(seed, b, t, s, n, kv, h, scale=1.0, dtype=np.float32, rng="jax"):
@@ -56,15 +60,16 @@ def split_qkv(b, t, s, n, kv, h, seed=0, dtype=jnp.float32):
 
 # --- kernels -----------------------------------------------------------------------------------------------------
 
-def make_kernel(spec, num_heads, num_kv_heads, head_dim, seed=None, **context):
-    """``build_kernel(spec, ...)`` with ``rngs=nnx.Rngs(seed)`` unless ``seed`` is None, and any further build
-    ``context`` (``dtype``...); kernel options belong in ``spec``."""
-    if seed is not None:
-        context["rngs"] = nnx.Rngs(seed)
+def make_kernel(spec, num_heads, num_kv_heads, head_dim, rng_seed=None, **context):
+    """``build_kernel(spec, ...)`` with ``rngs=nnx.Rngs(rng_seed)`` unless ``rng_seed`` is None, and any further
+    build ``context`` (``dtype``...); kernel options, a kernel's own ``seed`` included, belong in ``spec``."""
+    if rng_seed is not None:
+        context["rngs"] = nnx.Rngs(rng_seed)
     return build_kernel(spec, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, **context)
 
 
 def call_kernel(kernel, q, k, v, mask=None, is_causal=False, need_weights=False, deterministic=True):
-    """``(out, weights or None)`` of a kernel call with ``CALL``'s settings (no dropout when deterministic)."""
+    """``(out, weights or None)`` of a kernel call with ``CALL``'s settings, never any dropout;
+    ``deterministic=False`` takes a kernel's training-mode path (a performer's feature redraws)."""
     return kernel(q, k, v, mask=mask, is_causal=is_causal, need_weights=need_weights,
                   **{**CALL, "deterministic": deterministic})

@@ -12,12 +12,9 @@ from flax import nnx
 
 from attn_lab.attention import KERNELS, MultiHeadAttention, validate_spec
 from attn_lab.attention.dense import apply_weights
+from tests.helpers import jax_randn
 
 B, T, S, D = 2, 7, 5, 16
-
-
-def _x(seed, shape):
-    return jax.random.normal(jax.random.key(seed), shape)
 
 
 def _pair(num_heads=4, num_kv_heads=None, **kw):
@@ -35,12 +32,14 @@ def _padding_mask(q_len, k_len):
 
 
 CASES = {
-    "self": dict(args=lambda: (_x(1, (B, T, D)),), call={}),
-    "cross": dict(args=lambda: (_x(1, (B, T, D)), _x(2, (B, S, D))), call={}),
-    "cross_kv": dict(args=lambda: (_x(1, (B, T, D)), _x(2, (B, S, D)), _x(3, (B, S, D))), call={}),
-    "padding": dict(args=lambda: (_x(1, (B, T, D)), _x(2, (B, S, D))), call=dict(mask=_padding_mask(T, S))),
-    "causal": dict(args=lambda: (_x(1, (B, T, D)),), call=dict(is_causal=True)),
-    "causal_padding": dict(args=lambda: (_x(1, (B, T, D)),), call=dict(is_causal=True, mask=_padding_mask(T, T))),
+    "self": dict(args=lambda: (jax_randn(1, (B, T, D)),), call={}),
+    "cross": dict(args=lambda: (jax_randn(1, (B, T, D)), jax_randn(2, (B, S, D))), call={}),
+    "cross_kv": dict(args=lambda: (jax_randn(1, (B, T, D)), jax_randn(2, (B, S, D)), jax_randn(3, (B, S, D))), call={}),
+    "padding": dict(args=lambda: (jax_randn(1, (B, T, D)), jax_randn(2, (B, S, D))),
+                    call=dict(mask=_padding_mask(T, S))),
+    "causal": dict(args=lambda: (jax_randn(1, (B, T, D)),), call=dict(is_causal=True)),
+    "causal_padding": dict(args=lambda: (jax_randn(1, (B, T, D)),),
+                           call=dict(is_causal=True, mask=_padding_mask(T, T))),
 }
 
 
@@ -56,13 +55,13 @@ def test_matches_flax(case, num_kv_heads, sow):
 
 def test_matches_flax_with_qk_norm_and_no_bias():
     theirs, ours = _pair(normalize_qk=True, use_bias=False)
-    x = _x(1, (B, T, D))
+    x = jax_randn(1, (B, T, D))
     np.testing.assert_allclose(ours(x), theirs(x), atol=1e-5)
 
 
 def test_weights_match_flax_sow_and_jax_reference():
     theirs, ours = _pair()
-    x, mask = _x(1, (B, T, D)), _padding_mask(T, T)
+    x, mask = jax_randn(1, (B, T, D)), _padding_mask(T, T)
     theirs(x, mask=mask, sow_weights=True)
     ours(x, mask=mask, sow_weights=True, sow_head_outputs=True)
     w_theirs = nnx.pop(theirs, nnx.Intermediate)["attention_weights"][0]
@@ -81,7 +80,7 @@ def test_head_dim_and_bias_switches():
     assert m.query.kernel.shape == (D, 8, 32) and m.out.kernel.shape == (8, 32, D)
     assert m.query.bias is None and m.key.bias is None and m.out.bias is None
     assert m.value.bias.shape == (8, 32)
-    assert m(_x(1, (B, T, D)), decode=False).shape == (B, T, D)
+    assert m(jax_randn(1, (B, T, D)), decode=False).shape == (B, T, D)
     with pytest.raises(ValueError, match="divisible by num_heads"):
         MultiHeadAttention(3, D, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="num_kv_heads"):
@@ -91,7 +90,7 @@ def test_head_dim_and_bias_switches():
 def test_head_mask_equals_zeroed_output_rows():
     """Masking head h must equal removing head h's rows from the output projection."""
     _, ours = _pair()
-    x = _x(1, (B, T, D))
+    x = jax_randn(1, (B, T, D))
     head_mask = jnp.array([1.0, 0.0, 1.0, 1.0])
     masked = ours(x, head_mask=head_mask)
     ours.out.kernel[...] = ours.out.kernel[...].at[1].set(0.0)
@@ -103,7 +102,7 @@ def test_head_mask_equals_zeroed_output_rows():
 def test_head_mask_gradient_is_head_contribution():
     """d(sum out)/d(mask_h) is the contribution of head h, so importance scores come from one backward pass."""
     _, ours = _pair()
-    x = _x(1, (B, T, D))
+    x = jax_randn(1, (B, T, D))
     f = lambda m: ours(x, head_mask=m).sum()
     grad = jax.grad(f)(jnp.ones(4))
     for h in range(4):
@@ -113,7 +112,7 @@ def test_head_mask_gradient_is_head_contribution():
 
 def test_decode_equals_forward_under_jit():
     _, ours = _pair(num_kv_heads=2)
-    x = _x(1, (B, T, D))
+    x = jax_randn(1, (B, T, D))
     full = ours(x, is_causal=True)
     ours.init_cache((B, T, D))
     step = nnx.jit(lambda m, xi: m(xi, decode=True))
@@ -124,13 +123,13 @@ def test_decode_equals_forward_under_jit():
 def test_decode_without_cache_is_a_clear_error():
     _, ours = _pair()
     with pytest.raises(ValueError, match="init_cache"):
-        ours(_x(1, (B, 1, D)), decode=True)
+        ours(jax_randn(1, (B, 1, D)), decode=True)
 
 
 @pytest.mark.parametrize("sow", [False, True])
 def test_fully_masked_rows_are_finite(sow):
     _, ours = _pair()
-    x = _x(1, (B, T, D))
+    x = jax_randn(1, (B, T, D))
     mask = jnp.ones((B, 1, T, T), bool).at[:, :, 2, :].set(False)  # query 2 sees nothing
 
     def loss(m, x):
@@ -143,7 +142,7 @@ def test_fully_masked_rows_are_finite(sow):
 
 def test_dropout_changes_training_but_not_eval():
     m = MultiHeadAttention(4, D, dropout_rate=0.5, rngs=nnx.Rngs(0, dropout=1))
-    x = _x(1, (B, T, D))
+    x = jax_randn(1, (B, T, D))
     eval_a, eval_b = m(x, deterministic=True), m(x, deterministic=True)
     np.testing.assert_allclose(eval_a, eval_b)
     assert not np.allclose(m(x, deterministic=False), eval_a)
@@ -162,7 +161,7 @@ def test_kernel_causal_no_leak_by_gradient(name, num_kv_heads):
     m = _kernel_module(name, num_kv_heads)
     if not m.kernel.supports_causal:
         pytest.skip("kernel has no causal mode")
-    x = _x(1, (1, T, D))
+    x = jax_randn(1, (1, T, D))
     jac = jax.jacfwd(lambda x: m(x, is_causal=True, head_mask=jnp.array([1.0, 0.5, 1.0, 1.0])))(x)  # (1,T,D,1,T,D)
     dep = np.abs(np.asarray(jac)).sum(axis=(0, 2, 3, 5))  # (T_out, T_in)
     assert np.all(np.triu(dep, k=1) == 0.0)
@@ -181,7 +180,7 @@ def test_kernel_shapes_grads_and_no_retrace(name):
         return (nnx.merge(graphdef, params)(x) ** 2).mean()
 
     for seed in range(3):
-        value, grads = jax.value_and_grad(loss)(params, _x(seed, (B, T, D)))
+        value, grads = jax.value_and_grad(loss)(params, jax_randn(seed, (B, T, D)))
         assert np.isfinite(value) and all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
     assert len(traces) == 1
 
@@ -203,7 +202,7 @@ def _causal_modes(module):
 def test_kernel_padding_invariance(name):
     """Appending masked (padded) keys changes nothing for the real positions."""
     m = _kernel_module(name)
-    x, extra = _x(1, (B, T, D)), _x(2, (B, 3, D))
+    x, extra = jax_randn(1, (B, T, D)), jax_randn(2, (B, 3, D))
     longer = jnp.concatenate([x, extra], axis=1)  # (B, T + 3, D)
     valid = jnp.arange(T + 3) < T
     for causal in _causal_modes(m):
@@ -218,7 +217,7 @@ def test_kernel_weights_explain_output(name):
     m = _kernel_module(name, num_kv_heads=2)
     if not m.kernel.supports_weights:
         pytest.skip("kernel cannot materialize its attention matrix")
-    x = _x(1, (B, T, D))
+    x = jax_randn(1, (B, T, D))
     mask = jnp.broadcast_to(jnp.arange(T) < T - 2, (B, 1, 1, T))
     for causal in _causal_modes(m):
         plain = m(x, mask=mask, is_causal=causal)
@@ -237,9 +236,9 @@ def test_kernel_decode_equals_causal_forward(name, num_kv_heads):
     if not (m.kernel.supports_decode and m.kernel.supports_causal):
         with pytest.raises(ValueError, match="does not support"):
             m.init_cache((B, T, D))
-            m(_x(1, (B, 1, D)), decode=True)
+            m(jax_randn(1, (B, 1, D)), decode=True)
         return
-    x = _x(1, (B, T, D))
+    x = jax_randn(1, (B, T, D))
     full = m(x, is_causal=True)
     m.init_cache((B, T, D))
     steps = [m(x[:, i:i + 1], decode=True) for i in range(T)]
@@ -250,7 +249,7 @@ def test_module_passes_training_flag_to_stateful_kernels():
     """Performer redraws its features in training calls only, also through the module (no attention dropout)."""
     m = MultiHeadAttention(4, D, attention={"name": "performer", "num_features": 8, "redraw_every": 1},
                            rngs=nnx.Rngs(0))
-    x = _x(1, (B, T, D))
+    x = jax_randn(1, (B, T, D))
     start = np.asarray(m.kernel.projection[...])
     m(x, deterministic=True)
     np.testing.assert_array_equal(m.kernel.projection[...], start)

@@ -12,19 +12,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attn_lab.attention import MultiHeadAttention, build_kernel
+from attn_lab.attention import MultiHeadAttention
 from attn_lab.attention.dense import apply_weights, attention_weights
+from tests.helpers import call_kernel, jax_randn, make_kernel, seeded_qkv
 
 B, T, N, H = 2, 12, 4, 4
 
 
-def _x(seed, shape):
-    return jax.random.normal(jax.random.key(seed), shape)
-
-
 def _kernel(num_kv_heads=N, **options):
-    return build_kernel({"name": "lsh", **options}, num_heads=N, num_kv_heads=num_kv_heads, head_dim=H,
-                        rngs=nnx.Rngs(0))
+    return make_kernel({"name": "lsh", **options}, N, num_kv_heads, H, rng_seed=0)
 
 
 @functools.cache
@@ -36,11 +32,9 @@ def _compiled(num_kv_heads, options, is_causal):
     kernel = _kernel(num_kv_heads, **dict(options))
 
     def both(q, k, v, mask):
-        kw = dict(mask=mask, is_causal=is_causal, dropout_rng=None, dropout_rate=0.0, broadcast_dropout=True,
-                  deterministic=True, precision=None)
-        out, none = kernel(q, k, v, need_weights=False, **kw)
+        out, none = call_kernel(kernel, q, k, v, mask, is_causal)
         assert none is None
-        return (out, *kernel(q, k, v, need_weights=True, **kw))
+        return (out, *call_kernel(kernel, q, k, v, mask, is_causal, need_weights=True))
 
     return jax.jit(both)
 
@@ -50,7 +44,7 @@ def _run(q, k, v, mask=None, is_causal=False, **options):
 
 
 def _qkv(seed, num_kv_heads=N, t=T):
-    return _x(seed, (B, t, N, H)), _x(seed + 1, (B, t, num_kv_heads, H)), _x(seed + 2, (B, t, num_kv_heads, H))
+    return seeded_qkv(seed, B, t, t, N, num_kv_heads, H)
 
 
 def _reference_weights(q, k, shared_qk=True, is_causal=False, attend_self=False, valid=None):
@@ -142,7 +136,7 @@ def test_appended_padding_changes_nothing_with_several_chunks():
     """Padding sorts after real positions, so real chunks (and outputs) do not move when padding is appended."""
     t, options = 24, dict(is_causal=True, bucket_size=4, n_buckets=4, n_hashes=3, shared_qk=True)
     q, k, v = _qkv(5, num_kv_heads=2, t=t)
-    longer = [jnp.concatenate([a, _x(20 + i, (B, 5) + a.shape[2:])], axis=1) for i, a in enumerate((q, k, v))]
+    longer = [jnp.concatenate([a, jax_randn(20 + i, (B, 5) + a.shape[2:])], axis=1) for i, a in enumerate((q, k, v))]
     short = _run(q, k, v, mask=jnp.ones((B, 1, 1, t), bool), **options)
     long = _run(*longer, mask=jnp.broadcast_to(jnp.arange(t + 5) < t, (B, 1, 1, t + 5)), **options)
     for a, b in zip(short[:2], long[:2]):
@@ -153,7 +147,7 @@ def test_appended_padding_changes_nothing_with_several_chunks():
 def test_module_grads_are_finite_with_padding_and_causal():
     m = MultiHeadAttention(N, 16, num_kv_heads=2, decode=False, rngs=nnx.Rngs(0),
                            attention={"name": "lsh", "bucket_size": 4, "n_hashes": 2})
-    x = _x(1, (B, 16, 16))
+    x = jax_randn(1, (B, 16, 16))
     mask = jnp.broadcast_to(jnp.arange(16) < 13, (B, 1, 1, 16))
     loss = lambda m, x: (m(x, mask=mask, is_causal=True) ** 2).mean()
     value, grads = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1)))(m, x)
@@ -166,6 +160,6 @@ def test_bad_options_and_uses_are_one_line_errors():
             _kernel(**bad)
     m = MultiHeadAttention(N, 16, attention="lsh", decode=False, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="does not support cross-attention"):
-        m(_x(1, (B, T, 16)), _x(2, (B, 5, 16)))
+        m(jax_randn(1, (B, T, 16)), jax_randn(2, (B, 5, 16)))
     with pytest.raises(ValueError, match="does not support attention dropout"):
         MultiHeadAttention(N, 16, attention="lsh", dropout_rate=0.1, rngs=nnx.Rngs(0))

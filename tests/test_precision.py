@@ -16,6 +16,7 @@ from flax import nnx
 from attn_lab.attention import KERNELS, MultiHeadAttention
 from attn_lab.models import build_model
 from attn_lab.train.config import base_config
+from tests.helpers import jax_randn
 
 # A default-precision float32 matmul rounds its operands to no fewer than bf16's 8 significant bits on any backend
 # (TF32 keeps 11 on a GPU), and bf16 computation rounds to the same; errors stay within a few of these.
@@ -31,10 +32,6 @@ def _rel_err(got, ref) -> float:
     got, ref = jax.tree.leaves(got), jax.tree.leaves(ref)
     diff = max(float(np.abs(np.asarray(g, np.float64) - np.asarray(r, np.float64)).max()) for g, r in zip(got, ref))
     return diff / max(float(np.abs(np.asarray(r, np.float64)).max()) for r in ref)
-
-
-def _x(seed, shape):
-    return jax.random.normal(jax.random.key(seed), shape)
 
 
 # --- the fixture reaches compiled code; the library sets nothing ----------------------------------------------------
@@ -58,7 +55,7 @@ def test_every_matmul_of_a_jitted_kernel_gets_the_suite_precision(name, expected
     graphdef, state = nnx.split(m)
     causal = m.kernel.supports_causal
     loss = lambda s, x: (nnx.merge(graphdef, s)(x, is_causal=causal) ** 2).mean()
-    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(state, _x(0, (2, 16, 32))).as_text()
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(state, jax_randn(0, (2, 16, 32))).as_text()
     found = set(re.findall(r"precision = \[(\w+), (\w+)\]", text))
     assert found == {(expected, expected)}
 
@@ -89,7 +86,7 @@ def test_default_precision_attention_matches_float64(dtype, masks):
     """The module as users run it (default precision, the backend's default exact-attention implementation:
     cuDNN flash attention for bf16 on a GPU where it applies) against a float64 reference."""
     m = MultiHeadAttention(N, D, decode=False, dtype=dtype, rngs=nnx.Rngs(0))
-    x = _x(1, (B, T, D))
+    x = jax_randn(1, (B, T, D))
     causal = "causal" in masks
     key_mask = VALID[:, None, None, :] if "key_padding" in masks else None
     got = jax.jit(lambda x: m(x.astype(dtype), mask=key_mask, is_causal=causal))(x)
@@ -108,7 +105,7 @@ def test_default_precision_kernels_track_highest(name):
     computation at 'highest': none relies on exact float32 matmuls (hashing, cancellation, masks built by matmul)."""
     m = MultiHeadAttention(4, 32, attention=name, decode=False, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(m)
-    x = _x(1, (2, 16, 32))
+    x = jax_randn(1, (2, 16, 32))
     mask = jnp.broadcast_to(jnp.arange(16) < 13, (2, 1, 1, 16))
     causal = m.kernel.supports_causal
 
