@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attn_lab.attention import MultiHeadAttention, build_kernel, dispatch
+from attn_lab.attention import MultiHeadAttention, dispatch
 from attn_lab.attention.dense import xla_attention
 from attn_lab.attention.dispatch import choose, cudnn_attention, cudnn_refusal, describe_dispatch
 from attn_lab.attention.local import local_attention, reach
 from attn_lab.models import build_model
 from attn_lab.train.config import base_config
+from tests.helpers import call_kernel, make_kernel, split_qkv
 
 B, T, N, H, D = 2, 9, 4, 8, 16
 BF16 = jnp.bfloat16
@@ -25,18 +26,15 @@ GPU = dict(backend="gpu", dtype=BF16, head_dim=64)  # a call cuDNN takes; each r
 
 
 def _qkv(t, s, num_kv_heads=N, seed=0, dtype=jnp.float32):
-    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-    return (jax.random.normal(kq, (B, t, N, H), dtype), jax.random.normal(kk, (B, s, num_kv_heads, H), dtype),
-            jax.random.normal(kv, (B, s, num_kv_heads, H), dtype))
+    return split_qkv(B, t, s, N, num_kv_heads, H, seed, dtype)
 
 
 def _kernel_call(kernel, q, k, v, mask=None, is_causal=False):
-    return kernel(q, k, v, mask=mask, is_causal=is_causal, dropout_rng=None, dropout_rate=0.0,
-                  broadcast_dropout=True, deterministic=True, precision=None, need_weights=False)[0]
+    return call_kernel(kernel, q, k, v, mask, is_causal)[0]
 
 
 def _kernel(spec, num_kv_heads=N, **context):
-    return build_kernel(spec, num_heads=N, num_kv_heads=num_kv_heads, head_dim=H, **context)
+    return make_kernel(spec, N, num_kv_heads, H, **context)
 
 
 # --- the decision table ----------------------------------------------------------------------------------------

@@ -13,14 +13,13 @@ from flax import nnx
 from attn_lab.attention import MultiHeadAttention, build_kernel
 from attn_lab.attention.dense import apply_weights, attention_weights, chunked_attention
 from attn_lab.attention.local import local_attention
+from tests.helpers import call_kernel, make_kernel, split_qkv
 
 B, T, S, N, H = 2, 11, 6, 4, 8
 
 
 def _qkv(t, s, num_kv_heads, seed=0):
-    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-    return (jax.random.normal(kq, (B, t, N, H)), jax.random.normal(kk, (B, s, num_kv_heads, H)),
-            jax.random.normal(kv, (B, s, num_kv_heads, H)))
+    return split_qkv(B, t, s, N, num_kv_heads, H, seed)
 
 
 def _valid(s, padded=2):
@@ -28,9 +27,7 @@ def _valid(s, padded=2):
 
 
 def _kernel_call(spec, num_kv_heads, q, k, v, mask=None, is_causal=False, need_weights=False):
-    kernel = build_kernel(spec, num_heads=N, num_kv_heads=num_kv_heads, head_dim=H)
-    return kernel(q, k, v, mask=mask, is_causal=is_causal, dropout_rng=None, dropout_rate=0.0,
-                  broadcast_dropout=True, deterministic=True, precision=None, need_weights=need_weights)
+    return call_kernel(make_kernel(spec, N, num_kv_heads, H), q, k, v, mask, is_causal, need_weights)
 
 
 def _value_and_grads(fn, args):

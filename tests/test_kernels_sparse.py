@@ -15,23 +15,17 @@ from flax import nnx
 
 from attn_lab.attention import KERNELS, MultiHeadAttention, validate_spec
 from attn_lab.attention.dense import apply_weights, attention_weights
+from tests.helpers import call_kernel, split_qkv
 
 B, T, N, K, H = 2, 21, 4, 2, 8  # T is a multiple of none of the block sizes below
 
 
 def _qkv(t=T, n=N, k=K, h=H, b=B):
-    keys = jax.random.split(jax.random.key(0), 3)
-    return (jax.random.normal(keys[0], (b, t, n, h)), jax.random.normal(keys[1], (b, t, k, h)),
-            jax.random.normal(keys[2], (b, t, k, h)))
+    return split_qkv(b, t, t, n, k, h)
 
 
 def _kernel(name, **options):
     return KERNELS[name](num_heads=N, num_kv_heads=K, head_dim=H, **options)
-
-
-def _call(kernel, q, k, v, mask=None, causal=False, need_weights=False):
-    return kernel(q, k, v, mask=mask, is_causal=causal, dropout_rng=None, dropout_rate=0.0, broadcast_dropout=True,
-                  deterministic=True, precision=None, need_weights=need_weights)
 
 
 def _reference_mask(name, options, t, causal, kernel):
@@ -82,14 +76,14 @@ def test_matches_dense_with_pattern_mask(config, causal):
     cot = jax.random.normal(jax.random.key(3), (B, T, N, H)) * rows
 
     def ours(q, k, v):
-        return (_call(kernel, q, k, v, mask=mask, causal=causal)[0] * cot).sum()
+        return (call_kernel(kernel, q, k, v, mask=mask, is_causal=causal)[0] * cot).sum()
 
     def reference(q, k, v):
         return (apply_weights(attention_weights(q, k, mask=dense_mask), v) * cot).sum()
 
     @jax.jit
     def run(q, k, v):
-        out, weights = _call(kernel, q, k, v, mask=mask, causal=causal, need_weights=True)
+        out, weights = call_kernel(kernel, q, k, v, mask=mask, is_causal=causal, need_weights=True)
         ref_w = attention_weights(q, k, mask=dense_mask)
         return (out, weights, apply_weights(ref_w, v), ref_w, apply_weights(weights, v),
                 jax.grad(ours, (0, 1, 2))(q, k, v), jax.grad(reference, (0, 1, 2))(q, k, v))
@@ -109,8 +103,8 @@ def test_fully_padded_rows_are_finite_and_causal(causal):
     kernel = _kernel("strided", stride=4)
     q, k, v = _qkv()
     mask = jnp.zeros((B, 1, 1, T), bool).at[:, :, :, 3].set(True)  # only key 3 real: most rows see nothing
-    loss = lambda q, k, v: (_call(kernel, q, k, v, mask=mask, causal=causal)[0] ** 2).sum()
-    run = lambda q, k, v: (_call(kernel, q, k, v, mask=mask, causal=causal, need_weights=True),
+    loss = lambda q, k, v: (call_kernel(kernel, q, k, v, mask=mask, is_causal=causal)[0] ** 2).sum()
+    run = lambda q, k, v: (call_kernel(kernel, q, k, v, mask=mask, is_causal=causal, need_weights=True),
                            jax.grad(loss, (0, 1, 2))(q, k, v))
     (out, weights), grads = jax.jit(run)(q, k, v)
     assert np.isfinite(out).all() and all(np.isfinite(g).all() for g in grads)
@@ -125,7 +119,7 @@ def test_everything_attended_is_dense(causal):
     ref = jax.nn.dot_product_attention(q, k, v, is_causal=causal)
     longformer = _kernel("longformer", window=2 * T, global_tokens=(3,))
     bigbird = _kernel("bigbird", block_size=4, num_window_blocks=3, num_global_blocks=1, num_random_blocks=6)
-    outs = jax.jit(lambda q, k, v: [_call(kern, q, k, v, causal=causal)[0] for kern in (longformer, bigbird)])(
+    outs = jax.jit(lambda q, k, v: [call_kernel(kern, q, k, v, is_causal=causal)[0] for kern in (longformer, bigbird)])(
         q, k, v)
     for out in outs:
         np.testing.assert_allclose(out, ref, atol=1e-5)
@@ -177,6 +171,6 @@ def test_memory_is_a_fraction_of_dense_at_4k():
     dense = _temp_bytes(lambda q, k, v: jax.nn.dot_product_attention(q, k, v), shape, shape, shape)
     for name, options in [("bigbird", dict(block_size=64)), ("longformer", dict(window=128))]:
         kernel = KERNELS[name](num_heads=2, num_kv_heads=2, head_dim=32, **options)
-        ours = _temp_bytes(lambda q, k, v: _call(kernel, q, k, v)[0], shape, shape, shape)
+        ours = _temp_bytes(lambda q, k, v, kernel=kernel: call_kernel(kernel, q, k, v)[0], shape, shape, shape)
         print(f"{name}: temp bytes {ours} vs dense {dense}: ratio {ours / dense:.3f}")
         assert ours < dense / 4
