@@ -17,17 +17,13 @@ from flax import nnx
 
 from attn_lab.attention import KERNELS, MultiHeadAttention, build_kernel
 from attn_lab.attention.adaptive_span import adaptive_span_attention, ramp_mask
+from tests.helpers import CALL, np_randn, seeded_qkv
 
 B, N, H = 2, 4, 16
-CALL = dict(dropout_rng=None, dropout_rate=0.0, broadcast_dropout=True, deterministic=True, precision=None)
-
-
-def _x(seed, shape, dtype=jnp.float32):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
 
 
 def _qkv(t, k=N, h=H, seed=0, dtype=jnp.float32):
-    return _x(seed, (B, t, N, h), dtype), _x(seed + 1, (B, t, k, h), dtype), _x(seed + 2, (B, t, k, h), dtype)
+    return seeded_qkv(seed, B, t, t, N, k, h, dtype=dtype, rng="numpy")
 
 
 def _valid(t, cut=9):
@@ -87,8 +83,8 @@ def test_full_span_equals_dense_attention_by_value_and_gradient(causal, kv_heads
                                                          mask=valid[:, None, None, :])
     rows = np.asarray(valid)[:, :, None, None]  # causal: query rows 0.. of the padded example all see key 0
     np.testing.assert_allclose(jax.jit(ours)(q, k, v), dense(q, k, v), atol=1e-5)
-    cot = _x(7, q.shape) * rows
-    grads = [jax.jit(jax.grad(lambda *a: (f(*a) * cot).sum(), argnums=(0, 1, 2)))(q, k, v) for f in (ours, dense)]
+    cot = np_randn(7, q.shape) * rows
+    grads = [jax.jit(jax.grad(lambda *a, f=f: (f(*a) * cot).sum(), argnums=(0, 1, 2)))(q, k, v) for f in (ours, dense)]
     for got, ref in zip(*grads):
         np.testing.assert_allclose(got, ref, atol=2e-5)
 
@@ -125,7 +121,7 @@ def test_gradients_match_the_naive_formula(causal):
     t = 160
     q, k, v = _qkv(t, 2, seed=5)
     spans, ramp = jnp.array([3.3, 17.6, 40.2, 9.9]), 6.0
-    cot = _x(9, q.shape)
+    cot = np_randn(9, q.shape)
     ours = lambda q, k, v, z: adaptive_span_attention(q, k, v, z, max_span=48, ramp=ramp, is_causal=causal,
                                                       block_size=32)
     loss = lambda f: jax.jit(jax.grad(lambda *a: (f(*a) * cot).sum(), argnums=(0, 1, 2, 3)))(q, k, v, spans)
@@ -142,13 +138,13 @@ def test_gradients_match_float64_finite_differences(causal):
         t = 128
         q, k, v = _qkv(t, seed=11, dtype=jnp.float64)
         spans, ramp = jnp.array([2.4, 11.7, 25.1, 33.3], jnp.float64), 5.0  # no integer distance on a kink
-        cot = _x(12, q.shape, jnp.float64)
+        cot = np_randn(12, q.shape, dtype=jnp.float64)
         f = jax.jit(lambda q, k, v, z: (adaptive_span_attention(q, k, v, z, max_span=40, ramp=ramp,
                                                                  is_causal=causal, block_size=32) * cot).sum())
         grads = jax.grad(f, argnums=(0, 1, 2, 3))(q, k, v, spans)
         eps = 1e-5
         for i, (x, g) in enumerate(zip((q, k, v, spans), grads)):
-            direction = _x(20 + i, x.shape, jnp.float64)
+            direction = np_randn(20 + i, x.shape, dtype=jnp.float64)
             args = [q, k, v, spans]
             plus, minus = list(args), list(args)
             plus[i], minus[i] = x + eps * direction, x - eps * direction
@@ -214,14 +210,14 @@ def test_kernel_spans_penalty_and_parameter_gradient():
     np.testing.assert_allclose(grad["span_fraction"][...], np.full(N, 64 / N))  # straight through the clip
     q, k, v = _qkv(128, 2, seed=23)
     out = lambda m: m(q, k, v, mask=None, is_causal=True, need_weights=False, **CALL)[0]
-    g = nnx.grad(lambda m: (out(m) * _x(24, q.shape)).sum())(kernel)["span_fraction"][...]
+    g = nnx.grad(lambda m: (out(m) * np_randn(24, q.shape)).sum())(kernel)["span_fraction"][...]
     assert np.all(np.abs(np.asarray(g)[:2]) > 0)  # heads whose span lies in (0, S): the loss reaches v
 
 
 def test_weights_path_equals_blockwise_path_in_the_module():
     m = MultiHeadAttention(N, 64, attention={"name": "adaptive_span", "max_span": 64, "ramp": 8, "init_span": 0.3},
                            num_kv_heads=2, rngs=nnx.Rngs(0))
-    x, mask = _x(1, (B, 128, 64)), _valid(128)[:, None, None, :]
+    x, mask = np_randn(1, (B, 128, 64)), _valid(128)[:, None, None, :]
     for causal in (True, False):
         plain = m(x, mask=mask, is_causal=causal)
         captured = m(x, mask=mask, is_causal=causal, sow_weights=True)
@@ -251,9 +247,9 @@ def test_unsupported_uses_are_one_line_errors():
     assert not (KERNELS["adaptive_span"].supports_cross or KERNELS["adaptive_span"].supports_decode
                 or KERNELS["adaptive_span"].supports_dropout)
     m = MultiHeadAttention(N, 32, attention="adaptive_span", rngs=nnx.Rngs(0))
-    x = _x(1, (B, 16, 32))
+    x = np_randn(1, (B, 16, 32))
     cases = [
-        (lambda: m(x, _x(2, (B, 16, 32))), "attention 'adaptive_span' does not support cross-attention"),
+        (lambda: m(x, np_randn(2, (B, 16, 32))), "attention 'adaptive_span' does not support cross-attention"),
         (lambda: m(x, mask=jnp.ones((B, 1, 16, 16), bool)), "takes only key-padding masks"),
         (lambda: MultiHeadAttention(N, 32, attention="adaptive_span", dropout_rate=0.1, rngs=nnx.Rngs(0)),
          "does not support attention dropout"),

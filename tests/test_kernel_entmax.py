@@ -17,24 +17,19 @@ import pytest
 from flax import nnx
 from optax.projections import projection_simplex
 
-from attn_lab.attention import MultiHeadAttention, build_kernel
+from attn_lab.attention import MultiHeadAttention
 from attn_lab.attention.dense import DenseAttention
 from attn_lab.attention.entmax import entmax, entmax15, sparsemax
+from tests.helpers import CALL, make_kernel, np_randn_host
 
 B, N, K, T, S, H = 2, 4, 2, 64, 128, 32  # batch, query heads, key/value heads, queries, keys, head_dim
 D = N * H
-CALL = dict(dropout_rng=None, dropout_rate=0.0, broadcast_dropout=True, precision=None, deterministic=True)
 PER_HEAD = np.array([1.2, 1.5, 1.8, 2.0]).reshape(1, N, 1, 1)  # one alpha per head, bisection path
-
-
-def _x(seed, shape, scale=1.0, dtype=np.float32):
-    """Gaussian test data from numpy (a jax.random draw would compile once per shape)."""
-    return np.asarray(scale * np.random.default_rng(seed).standard_normal(shape), dtype)
 
 
 def _logits(seed=0, shape=(B, N, T, S)):
     """Logits of the spread attention produces (std 2: sparse rows, some support of several keys)."""
-    return _x(seed, shape, 2.0)
+    return np_randn_host(seed, shape, 2.0)
 
 
 def _keep(seed=1, shape=(B, N, T, S)):
@@ -75,7 +70,7 @@ def test_sparsemax_is_the_euclidean_projection_onto_the_simplex():
     for p in (sparsemax(z), entmax(z, 2.0), entmax(z, jnp.asarray(2.0))):  # exact, exact, bisection
         np.testing.assert_allclose(p, ref, atol=1e-6)
     assert np.mean(np.asarray(sparsemax(z)) == 0.0) > 0.5
-    w = _x(5, z.shape)
+    w = np_randn_host(5, z.shape)
     ours = jax.grad(lambda z: (sparsemax(z) * w).sum())(z)
     theirs = jax.grad(lambda z: (project(z.reshape(-1, S)).reshape(z.shape) * w).sum())(z)
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
@@ -134,14 +129,14 @@ def test_axis_argument():
 def test_logit_gradient_matches_finite_differences(alpha):
     """Directional derivatives of ``<w, entmax(z)>`` (masked) in float64: custom JVP vs central differences."""
     with jax.enable_x64(True):
-        z, keep, w = _logits().astype(np.float64), _keep(), _x(5, (B, N, T, S), dtype=np.float64)
+        z, keep, w = _logits().astype(np.float64), _keep(), np_randn_host(5, (B, N, T, S), dtype=np.float64)
         a = alpha if isinstance(alpha, float) else jnp.asarray(alpha)
         f = jax.jit(lambda z: (entmax(z, a, where=keep, n_iter=100) * w).sum())
         grad = np.asarray(jax.grad(f)(z))
         assert np.all(grad[~keep] == 0.0)
         eps = 1e-6
         for seed in range(3):
-            v = _x(10 + seed, z.shape, dtype=np.float64)
+            v = np_randn_host(10 + seed, z.shape, dtype=np.float64)
             fd = (f(z + eps * v) - f(z - eps * v)) / (2 * eps)
             np.testing.assert_allclose(np.sum(grad * v), fd, rtol=1e-6)
 
@@ -149,7 +144,7 @@ def test_logit_gradient_matches_finite_differences(alpha):
 def test_alpha_gradient_matches_finite_differences():
     """d<w, entmax(z, alpha)>/d alpha per head (Correia et al.'s closed form) vs central differences, float64."""
     with jax.enable_x64(True):
-        z, keep, w = _logits().astype(np.float64), _keep(), _x(5, (B, N, T, S), dtype=np.float64)
+        z, keep, w = _logits().astype(np.float64), _keep(), np_randn_host(5, (B, N, T, S), dtype=np.float64)
         f = jax.jit(lambda a: (entmax(z, a, where=keep, n_iter=100) * w).sum())
         alpha = jnp.asarray(np.array([1.2, 1.5, 1.8, 1.99]).reshape(1, N, 1, 1))
         grad = np.asarray(jax.grad(f)(alpha)).ravel()
@@ -191,8 +186,8 @@ def test_module_matches_naive_reference(options, case):
     m = _module(**OPTIONS[options])
     if options == "learned":  # distinct heads, as after training
         m.kernel.alpha_logit[...] = jnp.asarray([-2.0, -0.5, 0.5, 3.0])
-    xq = _x(1, (B, T, D))
-    xkv = xq if case == "causal_padding" else _x(2, (B, S, D))
+    xq = np_randn_host(1, (B, T, D))
+    xkv = xq if case == "causal_padding" else np_randn_host(2, (B, S, D))
     s = xkv.shape[1]
     valid = np.arange(s)[None, :] < np.array([[s], [s - 9]])  # (B, S): batch 1 has 9 padded keys
     mask = valid[:, None, None, :]  # (B, 1, 1, S)
@@ -208,7 +203,7 @@ def test_module_matches_naive_reference(options, case):
 
 
 def _kernel(**options):
-    return build_kernel({"name": "entmax", **options}, num_heads=N, num_kv_heads=K, head_dim=H, rngs=nnx.Rngs(0))
+    return make_kernel({"name": "entmax", **options}, N, K, H, rng_seed=0)
 
 
 @nnx.jit
@@ -220,18 +215,19 @@ def _forward(kernel, q, k, v):
 def test_causal_outputs_ignore_later_keys_and_values_exactly(options):
     """Keys and values after t replaced by larger, shifted draws: outputs 0..t are bit-identical."""
     kernel = _kernel(**OPTIONS[options])
-    q, k, v = _x(1, (B, S, N, H), 1.5), _x(2, (B, S, K, H), 1.5), _x(3, (B, S, K, H))
+    q, k, v = np_randn_host(1, (B, S, N, H), 1.5), np_randn_host(2, (B, S, K, H), 1.5), np_randn_host(3, (B, S, K, H))
     base = np.asarray(_forward(kernel, q, k, v))
     for t in (0, 31, 100):
         later = (np.arange(S) > t)[None, :, None, None]
-        k2, v2 = np.where(later, 3 * _x(t, k.shape) + 5, k), np.where(later, 3 * _x(t + 1, v.shape) + 5, v)
+        k2 = np.where(later, 3 * np_randn_host(t, k.shape) + 5, k)
+        v2 = np.where(later, 3 * np_randn_host(t + 1, v.shape) + 5, v)
         np.testing.assert_array_equal(np.asarray(_forward(kernel, q, k2, v2))[:, :t + 1], base[:, :t + 1])
 
 
 @pytest.mark.parametrize("options", ["2", "learned"])
 def test_decode_equals_causal_forward(options):
     m = _module(**OPTIONS[options])
-    x = _x(1, (B, 16, D))
+    x = np_randn_host(1, (B, 16, D))
     full = m(x, is_causal=True)
     m.init_cache(x.shape)
     steps = [m(x[:, i:i + 1], decode=True) for i in range(x.shape[1])]
@@ -241,7 +237,7 @@ def test_decode_equals_causal_forward(options):
 def test_learned_alpha_stays_in_range_after_big_steps():
     """alpha = 1.01 + 0.99 sigmoid(a) for any a: huge gradient steps either way keep every head in (1, 2]."""
     m = _module(learn_alpha=True)
-    x = _x(1, (B, 32, D))
+    x = np_randn_host(1, (B, 32, D))
     np.testing.assert_allclose(m.kernel.alphas(), np.full(N, 1.5), atol=1e-6)
     grad_a = lambda m: nnx.grad(lambda m: (m(x, is_causal=True) ** 2).sum())(m).kernel.alpha_logit[...]
     g = np.asarray(grad_a(m))
@@ -265,7 +261,7 @@ def test_alphas_and_state():
 
 
 def test_half_precision_inputs_normalize_in_float32():
-    q, k, v = (jnp.asarray(_x(i, (B, S, n, H)), jnp.bfloat16) for i, n in ((1, N), (2, K), (3, K)))
+    q, k, v = (jnp.asarray(np_randn_host(i, (B, S, n, H)), jnp.bfloat16) for i, n in ((1, N), (2, K), (3, K)))
     out, weights = _kernel()(q, k, v, mask=None, is_causal=True, need_weights=True, **CALL)
     assert out.dtype == weights.dtype == jnp.bfloat16
     kg = jnp.repeat(k, N // K, axis=2)
@@ -276,7 +272,7 @@ def test_half_precision_inputs_normalize_in_float32():
 
 
 def test_fully_masked_rows_average_uniformly_like_dense():
-    q, k, v = _x(1, (B, T, N, H)), _x(2, (B, T, K, H)), _x(3, (B, T, K, H))
+    q, k, v = np_randn_host(1, (B, T, N, H)), np_randn_host(2, (B, T, K, H)), np_randn_host(3, (B, T, K, H))
     mask = np.ones((B, 1, T, T), bool)
     mask[:, :, 5] = False  # query 5 sees no key
     ours, dense = _kernel(), DenseAttention(num_heads=N, num_kv_heads=K, head_dim=H, implementation="xla")
@@ -292,7 +288,7 @@ def test_fully_masked_rows_average_uniformly_like_dense():
 def test_attention_dropout_drops_entmax_weights():
     m = MultiHeadAttention(N, D, attention={"name": "entmax", "alpha": 1.3}, dropout_rate=0.5,
                            rngs=nnx.Rngs(0, dropout=1))
-    x = _x(1, (B, 16, D))
+    x = np_randn_host(1, (B, 16, D))
     eval_a, eval_b = m(x, deterministic=True), m(x, deterministic=True)
     np.testing.assert_array_equal(eval_a, eval_b)
     assert not np.allclose(m(x, deterministic=False), eval_a)

@@ -10,20 +10,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attn_lab.attention import MultiHeadAttention, build_kernel
+from attn_lab.attention import MultiHeadAttention
 from attn_lab.attention.dense import apply_weights
+from tests.helpers import call_kernel, jax_randn, make_kernel, seeded_qkv
 
 B, N, K, H = 2, 4, 2, 4  # grouped-query: 2 query heads per key/value head
-CALL = dict(dropout_rng=None, dropout_rate=0.0, broadcast_dropout=True, precision=None)
-
-
-def _x(seed, shape, scale=1.0):
-    return scale * jax.random.normal(jax.random.key(seed), shape)
 
 
 def _qkv(t, s, seed=0, num_heads=N, num_kv_heads=K, head_dim=H, scale=1.0):
-    return (_x(seed, (B, t, num_heads, head_dim), scale), _x(seed + 1, (B, s, num_kv_heads, head_dim), scale),
-            _x(seed + 2, (B, s, num_kv_heads, head_dim)))
+    return seeded_qkv(seed, B, t, s, num_heads, num_kv_heads, head_dim, scale)
 
 
 def _padding(s):
@@ -32,17 +27,11 @@ def _padding(s):
 
 
 def _kernel(name, num_heads=N, num_kv_heads=K, head_dim=H, seed=0, **options):
-    return build_kernel({"name": name, **options}, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                        head_dim=head_dim, rngs=nnx.Rngs(seed))
-
-
-def _call(kernel, q, k, v, mask=None, is_causal=False, need_weights=False, deterministic=True):
-    return kernel(q, k, v, mask=mask, is_causal=is_causal, need_weights=need_weights, deterministic=deterministic,
-                  **CALL)
+    return make_kernel({"name": name, **options}, num_heads, num_kv_heads, head_dim, rng_seed=seed)
 
 
 # one compile per kernel structure and shapes; state updates (redraws) propagate back to the kernel
-_attend = nnx.jit(_call, static_argnames=("is_causal", "need_weights", "deterministic"))
+_attend = nnx.jit(call_kernel, static_argnames=("is_causal", "need_weights", "deterministic"))
 
 
 def _reference(q_feat, k_feat, v, mask, is_causal):
@@ -101,7 +90,7 @@ def test_fully_masked_batch_is_finite_with_finite_grads(name):
     kernel = _kernel(name, **({"num_features": 32} if name == "performer" else {}))
 
     def loss(q, k, v):
-        return sum((x ** 2).sum() for x in _call(kernel, q, k, v, mask, is_causal=True, need_weights=True))
+        return sum((x ** 2).sum() for x in call_kernel(kernel, q, k, v, mask, is_causal=True, need_weights=True))
 
     value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
     assert np.isfinite(value) and all(np.isfinite(g).all() for g in grads)
@@ -138,10 +127,10 @@ def test_performer_positive_beats_trig_where_kernel_values_are_small():
     """Queries and keys with large norms pointing apart: softmax kernel values are tiny, where trig features have
     large variance (and signed normalizers) and positive features stay accurate (Choromanski et al., sec. 2.3)."""
     t, hd = 12, 16
-    direction = _x(11, (1, 1, 1, hd))
-    q = 2.0 * direction + 0.3 * _x(12, (B, t, 2, hd))  # (B, T, 2, H)
-    k = -2.0 * direction + 0.3 * _x(13, (B, t, 2, hd))  # (B, S, 2, H)
-    v = _x(14, (B, t, 2, hd))
+    direction = jax_randn(11, (1, 1, 1, hd))
+    q = 2.0 * direction + 0.3 * jax_randn(12, (B, t, 2, hd))  # (B, T, 2, H)
+    k = -2.0 * direction + 0.3 * jax_randn(13, (B, t, 2, hd))  # (B, S, 2, H)
+    v = jax_randn(14, (B, t, 2, hd))
     positive = _softmax_error(range(3), q, k, v, num_features=64, features="positive")
     trig = _softmax_error(range(3), q, k, v, num_features=64, features="trig")
     print("performer MAE positive vs trig (small kernel values):", positive, trig)
@@ -216,7 +205,7 @@ def test_performer_redraw_under_jit_compiles_once():
 def test_decode_equals_causal_forward(name):
     t, d = 7, 16
     m = MultiHeadAttention(4, d, num_kv_heads=2, attention=name, decode=False, rngs=nnx.Rngs(0))
-    x = _x(1, (B, t, d))
+    x = jax_randn(1, (B, t, d))
     full = nnx.jit(lambda m, x: m(x, is_causal=True))(m, x)
     m.init_cache((B, t, d))
     step = nnx.jit(lambda m, xi: m(xi, decode=True))
