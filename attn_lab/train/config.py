@@ -140,12 +140,6 @@ SCALARS: dict[str, tuple] = {
 }
 
 
-def _get(config: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        config = config[part]
-    return config
-
-
 def _has_type(value: Any, kind: type) -> bool:
     if kind is bool:
         return isinstance(value, bool)
@@ -176,10 +170,10 @@ def _check_finite(node: Any, prefix: str = "") -> None:
 def _check_scalars(config: Any, prefix: str = "") -> None:
     for key, rule in SCALARS.items():
         if key.startswith(prefix):
-            _check_scalar(key, _get(config, key), rule)
+            _check_scalar(key, config[key], rule)
     for key, choices in CHOICES.items():
-        if key.startswith(prefix) and _get(config, key) not in choices:
-            raise ValueError(f"{key}='{_get(config, key)}' is not one of: {', '.join(choices)}")
+        if key.startswith(prefix) and config[key] not in choices:
+            raise ValueError(f"{key}='{config[key]}' is not one of: {', '.join(choices)}")
 
 
 def check_parallel(config: Any) -> None:
