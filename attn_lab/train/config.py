@@ -260,7 +260,7 @@ def _check_gates(g: Any) -> None:
 def _check_diversity_layers(config: Any) -> None:
     """Layer indices past the model's depth would regularize nothing, silently."""
     depth = max(config.model.num_layers, config.model.num_decoder_layers or 0)
-    layers = [int(x) for x in str(config.loss.diversity.layers).split(",") if x.strip()]
+    layers = diversity.selected_layers(config.loss.diversity)
     bad = [i for i in layers if not 0 <= i < depth]
     if bad:
         raise ValueError(f"loss.diversity.layers={config.loss.diversity.layers!r}: layer {bad[0]} does not exist; "

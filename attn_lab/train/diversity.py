@@ -108,12 +108,12 @@ def check_config(dcfg: Any, kernels: dict[str, Any]) -> None:
             raise ValueError(f"loss.diversity.{name}.weight must be >= 0, got {dcfg[name].weight}")
     if not -1.0 <= dcfg.map_cosine.tau <= 1.0:
         raise ValueError(f"loss.diversity.map_cosine.tau must be in [-1, 1], got {dcfg.map_cosine.tau}")
-    kinds = [k.strip() for k in dcfg.kinds.split(",") if k.strip()]
+    kinds = selected_kinds(dcfg)
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
         raise ValueError(f"loss.diversity.kinds={dcfg.kinds!r}: choose among {', '.join(KINDS)}")
     try:
-        [int(x) for x in str(dcfg.layers).split(",") if x.strip()]
+        selected_layers(dcfg)
     except ValueError:
         raise ValueError(f"loss.diversity.layers={dcfg.layers!r}: give comma-separated layer indices") from None
     for name in NEEDS_MAPS:
@@ -136,10 +136,19 @@ def needs_capture(dcfg: Any) -> bool | str:
     return "heads" if any(name in ("subspace", "output") for name in active) else False
 
 
+def selected_kinds(dcfg: Any) -> list[str]:
+    """``loss.diversity.kinds`` as a list (written comma-separated, so one ``--config`` flag overrides it)."""
+    return [k.strip() for k in str(dcfg.kinds).split(",") if k.strip()]
+
+
+def selected_layers(dcfg: Any) -> list[int]:
+    """``loss.diversity.layers`` as a list of indices (empty: every layer); ValueError on a non-integer."""
+    return [int(x) for x in str(dcfg.layers).split(",") if x.strip()]
+
+
 def selected(dcfg: Any, kind: str, layer: int) -> bool:
-    kinds = [k.strip() for k in dcfg.kinds.split(",") if k.strip()]
-    layers = [int(x) for x in str(dcfg.layers).split(",") if x.strip()]
-    return kind in kinds and (not layers or layer in layers)
+    layers = selected_layers(dcfg)
+    return kind in selected_kinds(dcfg) and (not layers or layer in layers)
 
 
 def layer_terms(dcfg: Any, attn: nnx.Module, captured: dict) -> dict[str, jax.Array]:
