@@ -29,6 +29,7 @@ import pytest
 from flax import nnx
 
 from attn_lab.attention import KERNELS, MultiHeadAttention
+from tests.helpers import np_randn
 
 F, N, T, S, OUT = 8, 2, 4, 5, 6  # in_features, heads, q_len (decode steps), cross kv_len, out_features
 BATCHES = [(), (3,), (2, 2)]
@@ -75,11 +76,6 @@ def _pair(**kw) -> tuple[nnx.Module, MultiHeadAttention]:
     ours = MultiHeadAttention(rngs=nnx.Rngs(1), **common)
     nnx.update(ours, nnx.state(theirs, nnx.Param))
     return theirs, ours
-
-
-def _x(seed: int, shape: tuple, dtype=jnp.float32) -> jax.Array:
-    """Standard normal data from numpy: jax.random would compile a new sampler for every shape (~1 s each here)."""
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
 
 
 def _mask(kind: str, batch: tuple, q_len: int, kv_len: int) -> jax.Array | None:
@@ -160,8 +156,8 @@ def test_matches_flax(row):
     batch, dtype = row["batch"], row["dtype"]
     theirs, ours = _pair(dtype=dtype, normalize_qk=row["normalize_qk"], use_bias=row["use_bias"],
                          num_kv_heads=row["num_kv_heads"])
-    x = _x(1, (*batch, T, F), dtype)  # (*batch, T, F)
-    cotangent = _x(2, (*batch, T, OUT))
+    x = np_randn(1, (*batch, T, F), dtype=dtype)  # (*batch, T, F)
+    cotangent = np_randn(2, (*batch, T, OUT))
     mask = _mask(row["mask"], batch, T, T)
     fn = functools.partial(_decode if row["decode"] else _forward, mask=mask)
     out, grads = _value_and_grads(ours, fn, x, cotangent)
@@ -182,7 +178,7 @@ def test_cross_attention_and_sown_weights_match_flax(batch):
     """Separate keys and values of another length (flax's ``(3, 5)`` query with ``(9, 5)`` keys case, at every
     rank); sown weights ``[*batch, N, T, S]`` equal flax's, per-head outputs and values keep the batch dims."""
     theirs, ours = _pair(num_kv_heads=1)
-    q, k, v = _x(1, (*batch, T, F)), _x(2, (*batch, S, F)), _x(3, (*batch, S, F))
+    q, k, v = np_randn(1, (*batch, T, F)), np_randn(2, (*batch, S, F)), np_randn(3, (*batch, S, F))
     mask = _mask("per_example", batch, T, S)
 
     @nnx.jit  # one compilation instead of one per operation
@@ -203,7 +199,7 @@ def test_cache_is_flax_shaped_and_interchangeable(batch):
     """``init_cache(x.shape)`` makes flax's ``[*batch, S_max, K, H]`` cache; after two steps both caches hold the
     same values, and flax's cache state loaded into our module continues with flax's outputs."""
     theirs, ours = _pair()
-    x = _x(1, (*batch, T, F))
+    x = np_randn(1, (*batch, T, F))
     for m in (theirs, ours):
         m.init_cache(x.shape)
         m(x[..., 0:1, :], decode=True)
@@ -221,7 +217,7 @@ def test_head_mask_per_example_at_two_batch_dims():
     with its ``[N]`` mask; size-1 batch dims broadcast; other shapes are one-line errors."""
     _, ours = _pair()
     batch = (2, 3)
-    x, head_mask = _x(1, (*batch, T, F)), jnp.asarray(np.random.default_rng(2).random((*batch, N)))
+    x, head_mask = np_randn(1, (*batch, T, F)), jnp.asarray(np.random.default_rng(2).random((*batch, N)))
     call = nnx.jit(lambda m, x, head_mask: m(x, head_mask=head_mask))  # one compilation per shape, not per op
     out = call(ours, x, head_mask)  # (2, 3, T, OUT)
     for i, j in itertools.product(range(2), range(3)):
@@ -243,7 +239,7 @@ def test_attention_dropout_matches_flax_at_two_batch_dims(broadcast_dropout):
     theirs = nnx.MultiHeadAttention(rngs=nnx.Rngs(0, dropout=5), **kw)
     ours = MultiHeadAttention(rngs=nnx.Rngs(1, dropout=5), **kw)
     nnx.update(ours, nnx.state(theirs, nnx.Param))
-    x = jnp.broadcast_to(_x(1, (T, F)), (2, 2, T, F))  # every example the same
+    x = jnp.broadcast_to(np_randn(1, (T, F)), (2, 2, T, F))  # every example the same
     run = nnx.jit(lambda theirs, ours: (ours(x, deterministic=False), theirs(x, deterministic=False)))
     out, ref = run(theirs, ours)
     _close(out, ref, jnp.float32, "dropout output")
@@ -254,7 +250,7 @@ def test_is_causal_is_ignored_in_decode_as_flax():
     """``is_causal`` is ignored in decode, as flax 0.12.12 does (a causal mask on one query row would keep only the
     first key; flax 0.12.8, Python 3.11's last, still applied it there): ours with it equals flax's plain decode."""
     theirs, ours = _pair()
-    x = _x(1, (T, F))
+    x = np_randn(1, (T, F))
     steps = {}
     for name, m, causal in (("flax", theirs, False), ("ours", ours, True), ("plain", ours, False)):
         m.init_cache(x.shape)
@@ -267,7 +263,7 @@ def test_attention_fn_sees_flax_layout():
     """A flax-style ``attention_fn`` is called with ``[*batch, T, N, H]`` as flax calls it, and sows through the
     module as in flax."""
     theirs, ours = _pair(attention_fn=nnx.dot_product_attention)
-    x = _x(1, (2, 2, T, F))
+    x = np_randn(1, (2, 2, T, F))
     mask = _mask("per_example", (2, 2), T, T)
     _close(ours(x, mask=mask, sow_weights=True), theirs(x, mask=mask, sow_weights=True), jnp.float32, "output")
     w, ref = nnx.pop(ours, nnx.Intermediate), nnx.pop(theirs, nnx.Intermediate)
@@ -276,19 +272,19 @@ def test_attention_fn_sees_flax_layout():
 
 def test_layout_errors_are_one_line():
     _, ours = _pair()
-    x = _x(1, (2, 3, T, F))
+    x = np_randn(1, (2, 3, T, F))
     cases = [
-        (lambda: ours(x, _x(2, (3, S, F))), "batch dims of inputs_q"),
+        (lambda: ours(x, np_randn(2, (3, S, F))), "batch dims of inputs_q"),
         (lambda: ours(x, mask=jnp.ones((3, 3, 1, T, T), bool)), "does not broadcast"),
         (lambda: ours(x, mask=jnp.ones((1, 2, 3, 1, T, T), bool)), "mask has 6 dims"),
-        (lambda: ours(_x(1, (F,))), r"\[batch..., length, features\]"),
+        (lambda: ours(np_randn(1, (F,))), r"\[batch..., length, features\]"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
             call()
     ours.init_cache((2, 3, T, F))
     with pytest.raises(ValueError, match="cache's batch dims"):
-        ours(_x(1, (6, 1, F)), decode=True)
+        ours(np_randn(1, (6, 1, F)), decode=True)
 
 
 # --- every registered kernel gets every layout -----------------------------------------------------------------
@@ -300,7 +296,7 @@ def test_every_kernel_takes_any_batch_rank(name):
     kernel-independent here: the cache merges batch dims before the kernel; the grid checks it.)"""
     m = MultiHeadAttention(4, 16, attention=name, decode=False, rngs=nnx.Rngs(0))
     t = 7
-    x = _x(1, (4, t, 16))  # (B, T, F)
+    x = np_randn(1, (4, t, 16))  # (B, T, F)
     valid = jnp.arange(t)[None, :] < jnp.array([[t], [t - 2], [t - 1], [t]])  # (B, T)
     mask = valid[:, None, None, :]  # (B, 1, 1, T)
 

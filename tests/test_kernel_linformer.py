@@ -11,15 +11,12 @@ import optax
 import pytest
 from flax import nnx
 
-from attn_lab.attention import MultiHeadAttention, build_kernel
+from attn_lab.attention import MultiHeadAttention
 from attn_lab.attention.dense import apply_weights
+from tests.helpers import call_kernel, jax_randn, make_kernel
 
 B, T, S, D, N, H = 2, 7, 5, 16, 4, 4
 SMALL = dict(k=3, max_len=12)
-
-
-def _x(seed, shape):
-    return jax.random.normal(jax.random.key(seed), shape)
 
 
 def _module(num_kv_heads=None, **options):
@@ -28,13 +25,7 @@ def _module(num_kv_heads=None, **options):
 
 
 def _kernel(num_kv_heads=N, **options):
-    return build_kernel({"name": "linformer", **SMALL, **options}, num_heads=N, num_kv_heads=num_kv_heads,
-                        head_dim=H, rngs=nnx.Rngs(0))
-
-
-def _call(kernel, q, k, v, mask=None, need_weights=False, is_causal=False):
-    return kernel(q, k, v, mask=mask, is_causal=is_causal, dropout_rng=None, dropout_rate=0.0,
-                  broadcast_dropout=True, deterministic=True, precision=None, need_weights=need_weights)
+    return make_kernel({"name": "linformer", **SMALL, **options}, N, num_kv_heads, H, rng_seed=0)
 
 
 def _reference(kernel, q, k, v):
@@ -57,43 +48,44 @@ def _reference(kernel, q, k, v):
                                                   ("kv", 2), ("layerwise", N)])
 def test_matches_paper_formula_with_cross_lengths(sharing, num_kv_heads):
     kernel = _kernel(num_kv_heads, sharing=sharing)
-    q, k, v = _x(1, (B, T, N, H)), _x(2, (B, S, num_kv_heads, H)), _x(3, (B, S, num_kv_heads, H))
-    out, weights = _call(kernel, q, k, v)
+    q, k, v = jax_randn(1, (B, T, N, H)), jax_randn(2, (B, S, num_kv_heads, H)), jax_randn(3, (B, S, num_kv_heads, H))
+    out, weights = call_kernel(kernel, q, k, v)
     assert out.shape == (B, T, N, H) and weights is None
     np.testing.assert_allclose(out, _reference(kernel, q, k, v), atol=1e-5)
 
 
 def test_module_shapes_self_and_cross():
     m = _module(num_kv_heads=2)
-    assert m(_x(1, (B, T, D))).shape == (B, T, D)
-    assert m(_x(1, (B, T, D)), _x(2, (B, S, D))).shape == (B, T, D)
+    assert m(jax_randn(1, (B, T, D))).shape == (B, T, D)
+    assert m(jax_randn(1, (B, T, D)), jax_randn(2, (B, S, D))).shape == (B, T, D)
 
 
 def test_grouped_query_equals_repeated_kv_heads():
     """With shared projections, grouped-query attention equals full attention over repeated key/value heads."""
     grouped, full = _kernel(2), _kernel(N)
-    q, k, v = _x(1, (B, T, N, H)), _x(2, (B, S, 2, H)), _x(3, (B, S, 2, H))
+    q, k, v = jax_randn(1, (B, T, N, H)), jax_randn(2, (B, S, 2, H)), jax_randn(3, (B, S, 2, H))
     rep = lambda a: jnp.repeat(a, N // 2, axis=2)  # (B, S, N, H)
-    np.testing.assert_allclose(_call(grouped, q, k, v)[0], _call(full, q, rep(k), rep(v))[0], atol=1e-6)
+    np.testing.assert_allclose(call_kernel(grouped, q, k, v)[0], call_kernel(full, q, rep(k), rep(v))[0], atol=1e-6)
 
 
 @pytest.mark.parametrize("sharing", ["none", "headwise", "kv"])
 def test_padding_contributes_nothing(sharing):
     """Padded keys change nothing: equal to the unpadded sequence, and invariant to more (garbage) padding."""
     kernel = _kernel(2, sharing=sharing)
-    q = _x(1, (B, T, N, H))
-    k, v = _x(2, (B, S, 2, H)), _x(3, (B, S, 2, H))
-    short = _call(kernel, q, k, v)[0]
+    q = jax_randn(1, (B, T, N, H))
+    k, v = jax_randn(2, (B, S, 2, H)), jax_randn(3, (B, S, 2, H))
+    short = call_kernel(kernel, q, k, v)[0]
     for extra in (1, 4):
-        pad = lambda a, seed: jnp.concatenate([a, 100.0 * _x(seed, (B, extra, 2, H))], axis=1)  # (B, S+e, K, H)
+        # (B, S, K, H) -> (B, S+e, K, H)
+        pad = lambda a, seed, extra=extra: jnp.concatenate([a, 100.0 * jax_randn(seed, (B, extra, 2, H))], axis=1)
         mask = (jnp.arange(S + extra) < S)[None, None, None, :].repeat(B, 0)  # (B, 1, 1, S+e)
-        padded = _call(kernel, q, pad(k, 4 + extra), pad(v, 5 + extra), mask=mask)[0]
+        padded = call_kernel(kernel, q, pad(k, 4 + extra), pad(v, 5 + extra), mask=mask)[0]
         np.testing.assert_allclose(padded, short, atol=1e-5)
 
 
 def test_per_example_padding_in_module():
     m = _module()
-    x = _x(1, (B, T, D))
+    x = jax_randn(1, (B, T, D))
     mask = (jnp.arange(T)[None, :] < jnp.array([[T], [T - 3]]))[:, None, None, :]  # (B, 1, 1, T)
     out = m(x, mask=mask)
     short = m(x[1:, :, :], x[1:, : T - 3, :])  # example 1, keys truncated to its valid length
@@ -103,15 +95,16 @@ def test_per_example_padding_in_module():
 def test_one_line_errors():
     m = _module()
     with pytest.raises(ValueError, match="'linformer' does not support causal attention"):
-        m(_x(1, (B, T, D)), is_causal=True)
+        m(jax_randn(1, (B, T, D)), is_causal=True)
     with pytest.raises(ValueError, match="does not support causal attention"):
-        _call(_kernel(), _x(1, (B, T, N, H)), _x(2, (B, S, N, H)), _x(3, (B, S, N, H)), is_causal=True)
+        call_kernel(_kernel(), jax_randn(1, (B, T, N, H)), jax_randn(2, (B, S, N, H)), jax_randn(3, (B, S, N, H)),
+                    is_causal=True)
     with pytest.raises(ValueError, match="key/value length 13 exceeds max_len=12"):
-        m(_x(1, (B, 13, D)))
+        m(jax_randn(1, (B, 13, D)))
     with pytest.raises(ValueError, match="'linformer' does not support"):
-        m(_x(1, (B, 1, D)), decode=True)
+        m(jax_randn(1, (B, 1, D)), decode=True)
     with pytest.raises(ValueError, match="only key-padding masks"):
-        m(_x(1, (B, T, D)), mask=jnp.ones((B, 1, T, T), bool))
+        m(jax_randn(1, (B, T, D)), mask=jnp.ones((B, 1, T, T), bool))
     with pytest.raises(ValueError, match="attention.sharing must be one of"):
         _module(sharing="rowwise")
     with pytest.raises(ValueError, match="does not support attention dropout"):
@@ -144,7 +137,7 @@ def test_default_options_follow_the_paper():
 def test_implied_weights_reproduce_the_output(num_kv_heads, sharing):
     """The sown [B, N, T, S] matrix times the values is the kernel output: P (F^T V) = (P F^T) V."""
     m = _module(num_kv_heads=num_kv_heads, sharing=sharing)
-    x, y = _x(1, (B, T, D)), _x(2, (B, S, D))
+    x, y = jax_randn(1, (B, T, D)), jax_randn(2, (B, S, D))
     mask = (jnp.arange(S)[None, :] < jnp.array([[S], [S - 2]]))[:, None, None, :]  # (B, 1, 1, S)
     m(x, y, mask=mask, sow_weights=True, sow_head_outputs=True)
     inter = nnx.pop(m, nnx.Intermediate)
@@ -159,7 +152,7 @@ def test_trains_on_toy_regression():
     """A few Adam steps reduce the loss of mapping each sequence to its (global) mean; E and F get gradients."""
     m = _module(max_len=8, k=4)
     opt = nnx.Optimizer(m, optax.adam(3e-2), wrt=nnx.Param)
-    xs = _x(1, (8, 8, D))
+    xs = jax_randn(1, (8, 8, D))
     ys = jnp.broadcast_to(xs.mean(axis=1, keepdims=True), xs.shape)  # (B, T, D)
     e0 = m.kernel.key_proj[...]
 

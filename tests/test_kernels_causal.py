@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attn_lab.attention import KERNELS, MultiHeadAttention, build_kernel
+from attn_lab.attention import KERNELS, MultiHeadAttention
+from tests.helpers import call_kernel, make_kernel, np_randn, seeded_qkv
 
 B, T, N, K, H, D = 2, 24, 4, 2, 16, 32  # 24 positions: several chunks/blocks of 4..8; grouped query (2 per kv head)
 CUTS = (0, 5, 11, 17)  # positions t: outputs 0..t must not see t+1..T-1
-CALL = dict(dropout_rng=None, dropout_rate=0.0, broadcast_dropout=True, precision=None, deterministic=True)
 
 # Settings whose structure is smaller than T (default options come first for every kernel). A kernel missing here
 # is tested with its defaults only.
@@ -68,15 +68,10 @@ def test_small_settings_name_registered_kernels():
     assert set(SMALL) <= set(KERNELS) and set(KNOWN_LEAKS) <= set(KERNELS)
 
 
-def _x(seed, shape, scale=1.0, dtype=jnp.float32):
-    """Gaussian test data from numpy (a jax.random draw would compile once per shape)."""
-    return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(shape), dtype)
-
-
 def _perturbed(x, t, seed, scale=3.0, shift=5.0):
     """``x`` with every position after ``t`` replaced by a different, larger draw (positions are axis 1)."""
     later = jnp.arange(x.shape[1]) > t
-    other = (scale * _x(seed, x.shape) + shift).astype(x.dtype)
+    other = (scale * np_randn(seed, x.shape) + shift).astype(x.dtype)
     return jnp.where(later.reshape((1, -1) + (1,) * (x.ndim - 2)), other, x)
 
 
@@ -90,14 +85,14 @@ def _assert_prefix_unchanged(a, b, t, what):
 
 @nnx.jit
 def _forward(kernel, q, k, v):
-    return kernel(q, k, v, mask=None, is_causal=True, need_weights=False, **CALL)[0]
+    return call_kernel(kernel, q, k, v, is_causal=True)[0]
 
 
 @pytest.mark.parametrize("spec, dtype", _cases("supports_causal", dtypes=True))
 def test_forward_outputs_ignore_later_positions(spec, dtype):
     """Kernel level: keys and values after t (then queries too) replaced; outputs 0..t unchanged."""
-    kernel = build_kernel(spec, num_heads=N, num_kv_heads=K, head_dim=H, rngs=nnx.Rngs(0))
-    q, k, v = _x(1, (B, T, N, H), 1.5, dtype), _x(2, (B, T, K, H), 1.5, dtype), _x(3, (B, T, K, H), 1.0, dtype)
+    kernel = make_kernel(spec, N, K, H, rng_seed=0)
+    q, k, v = seeded_qkv(1, B, T, T, N, K, H, 1.5, dtype, rng="numpy")
     base = _forward(kernel, q, k, v)
     for t in CUTS:
         for draw in range(2):
@@ -111,11 +106,10 @@ def test_performer_last_key_at_realistic_scale():
     """The reported leak: head_dim 64, T 128, sigma 1, last key x3 and last value +5 moved earlier outputs by up to
     2.7 when the keys' stabilizer was a maximum over all keys. Default features, chunked and unchunked paths."""
     t, hd = 128, 64
-    q, k, v = _x(1, (1, t, 2, hd)), _x(2, (1, t, 2, hd)), _x(3, (1, t, 2, hd))
+    q, k, v = seeded_qkv(1, 1, t, t, 2, 2, hd, rng="numpy")
     k2, v2 = k.at[:, -1].multiply(3.0), v.at[:, -1].add(5.0)
     for chunk in (32, 256):  # 256 > T: one chunk
-        kernel = build_kernel({"name": "performer", "chunk_size": chunk}, num_heads=2, num_kv_heads=2, head_dim=hd,
-                              rngs=nnx.Rngs(0))
+        kernel = make_kernel({"name": "performer", "chunk_size": chunk}, 2, 2, hd, rng_seed=0)
         _assert_prefix_unchanged(_forward(kernel, q, k, v), _forward(kernel, q, k2, v2), t - 2, f"chunk {chunk}")
 
 
@@ -138,8 +132,8 @@ def _decode(m, x, garbage_seed=None):
     large random keys and values first (as a reused cache would hold)."""
     m.init_cache(x.shape)
     if garbage_seed is not None:
-        m.cached_key[...] = _x(garbage_seed, m.cached_key.shape, 10.0)
-        m.cached_value[...] = _x(garbage_seed + 1, m.cached_value.shape, 10.0) + 100.0
+        m.cached_key[...] = np_randn(garbage_seed, m.cached_key.shape, 10.0)
+        m.cached_value[...] = np_randn(garbage_seed + 1, m.cached_value.shape, 10.0) + 100.0
     return jnp.concatenate([_decode_step(m, x[:, i:i + 1]) for i in range(x.shape[1])], axis=1)
 
 
@@ -147,7 +141,7 @@ def _decode(m, x, garbage_seed=None):
 def test_module_causal_forward_ignores_later_inputs(spec):
     """Module level (projections, grouping): inputs after t replaced; causal outputs 0..t unchanged."""
     m = _module(spec)
-    x = _x(1, (B, T, D), 2.0)
+    x = np_randn(1, (B, T, D), 2.0)
     base = _causal(m, x)
     for t in CUTS:
         _assert_prefix_unchanged(base, _causal(m, _perturbed(x, t, 40 + t)), t, "later inputs")
@@ -162,7 +156,7 @@ def test_decode_ignores_later_inputs_and_unwritten_cache(spec):
     """Decode: outputs up to t are the same whatever comes after t, whatever the unwritten cache slots hold, and
     equal the causal forward pass."""
     m = _module(spec)
-    x = _x(1, (B, T, D), 2.0)
+    x = np_randn(1, (B, T, D), 2.0)
     steps = _decode(m, x)
     # Trig features' normalizer can come close to zero (outputs ~1e3 at some rows here), which amplifies the
     # different summation order of decode vs forward (2e-4 relative seen with jax 0.10.2): a looser rtol for them.

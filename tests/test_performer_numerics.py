@@ -19,36 +19,25 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attn_lab.attention import MultiHeadAttention, build_kernel
+from attn_lab.attention import MultiHeadAttention
 from attn_lab.attention.performer import draw_projection
+from tests.helpers import call_kernel, make_kernel, np_randn, seeded_qkv
 
 N, K = 4, 2  # grouped query: 2 query heads per key/value head
-CALL = dict(dropout_rng=None, dropout_rate=0.0, broadcast_dropout=True, precision=None, deterministic=True)
-
-
-def _x(seed, shape, scale=1.0):
-    """Gaussian test data from numpy (a jax.random draw would compile once per shape)."""
-    return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def _qkv(seed, b, t, hd, sigma, num_heads=N, num_kv_heads=K, dtype=jnp.float32):
     """q, k ~ N(0, sigma^2) (``sigma`` a number or one per batch element), v ~ N(0, 1)."""
     s = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), (b,))[:, None, None, None]
-    q = s * _x(seed, (b, t, num_heads, hd))
-    k = s * _x(seed + 1, (b, t, num_kv_heads, hd))
-    return q.astype(dtype), k.astype(dtype), _x(seed + 2, (b, t, num_kv_heads, hd)).astype(dtype)
+    q, k, v = seeded_qkv(seed, b, t, t, num_heads, num_kv_heads, hd, rng="numpy")
+    return (s * q).astype(dtype), (s * k).astype(dtype), v.astype(dtype)
 
 
 def _performer(hd, seed=0, num_heads=N, num_kv_heads=K, **options):
-    return build_kernel({"name": "performer", **options}, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                        head_dim=hd, rngs=nnx.Rngs(seed))
+    return make_kernel({"name": "performer", **options}, num_heads, num_kv_heads, hd, rng_seed=seed)
 
 
-def _call(kernel, q, k, v, mask=None, is_causal=False, need_weights=False):
-    return kernel(q, k, v, mask=mask, is_causal=is_causal, need_weights=need_weights, **CALL)
-
-
-_attend = nnx.jit(_call, static_argnames=("is_causal", "need_weights"))
+_attend = nnx.jit(call_kernel, static_argnames=("is_causal", "need_weights"))
 
 
 def _repeat_kv(x, num_heads):
@@ -122,10 +111,10 @@ def test_gradients_match_log_space_reference(is_causal):
     stabilizing maxima are stop_gradient and cancel, so they must not change any gradient."""
     hd, t = 64, 24
     q, k, v = _qkv(5, 2, t, hd, sigma=3.0)
-    c = _x(9, (2, t, N, hd))
+    c = np_randn(9, (2, t, N, hd))
     kernel = _performer(hd, num_features=64, chunk_size=8)
     proj = kernel.projection[...]
-    ours = jax.grad(lambda q, k, v: (c * _call(kernel, q, k, v, is_causal=is_causal)[0]).sum(), argnums=(0, 1, 2))
+    ours = jax.grad(lambda q, k, v: (c * call_kernel(kernel, q, k, v, is_causal=is_causal)[0]).sum(), argnums=(0, 1, 2))
     theirs = jax.grad(lambda q, k, v: (c * favor_reference(q, k, v, proj, is_causal=is_causal)[0]).sum(),
                       argnums=(0, 1, 2))
     for name, a, b in zip("qkv", jax.jit(ours)(q, k, v), jax.jit(theirs)(q, k, v)):
@@ -139,7 +128,7 @@ def test_decode_equals_causal_forward_at_sigma_3():
     t, d = 12, 128
     m = MultiHeadAttention(2, d, attention={"name": "performer", "num_features": 64, "chunk_size": 5},
                            decode=False, rngs=nnx.Rngs(0))  # head_dim 64
-    x = _x(1, (2, t, d), 3.0)
+    x = np_randn(1, (2, t, d), 3.0)
     full = nnx.jit(lambda m, x: m(x, is_causal=True))(m, x)
     m.init_cache(x.shape)
     step = nnx.jit(lambda m, xi: m(xi, decode=True))
@@ -152,8 +141,8 @@ def test_linear_normalizer_is_exact_for_small_features():
     ~1e-9 -- below the old 1e-6 floor (which shrank these outputs ~1000x), and ``elu(q) + 1`` evaluated in float32
     is exactly 0 there. The output equals the direct quadratic form evaluated in float64."""
     b, t, hd = 2, 10, 8
-    q = -25.0 + _x(0, (b, t, N, hd))
-    k, v = _x(1, (b, t, K, hd)), _x(2, (b, t, K, hd))
+    q = -25.0 + np_randn(0, (b, t, N, hd))
+    k, v = np_randn(1, (b, t, K, hd)), np_randn(2, (b, t, K, hd))
     phi = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))  # elu(x) + 1 without cancellation
     q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
     k64, v64 = np.repeat(k64, N // K, axis=2), np.repeat(v64, N // K, axis=2)
@@ -164,8 +153,7 @@ def test_linear_normalizer_is_exact_for_small_features():
         assert a.sum(-1).max() < 1e-6  # the regime the old floor got wrong
         ref = np.einsum("bnts,bsnh->btnh", a / a.sum(-1, keepdims=True), v64)
         for chunk in (4, 0) if is_causal else (4,):  # causal chunk 0: prefix scan and implied weights
-            kernel = build_kernel({"name": "linear", "chunk_size": chunk}, num_heads=N, num_kv_heads=K,
-                                  head_dim=hd, rngs=nnx.Rngs(0))
+            kernel = make_kernel({"name": "linear", "chunk_size": chunk}, N, K, hd, rng_seed=0)
             out, w = _attend(kernel, q, k, v, None, is_causal, need_weights=chunk == 0)
             assert _rel(out, ref) < 1e-5, (is_causal, chunk)
     np.testing.assert_allclose(np.einsum("bnts,bsnh->btnh", w, v64), ref, rtol=1e-4, atol=1e-6)
@@ -185,7 +173,7 @@ def test_output_not_degenerate_at_realistic_norms(hd, dtype):
     t = 64
     q, k, v = _qkv(7, len(SIGMAS), t, hd, sigma=SIGMAS, num_heads=2, num_kv_heads=2, dtype=dtype)
     kernel = _performer(hd, num_heads=2, num_kv_heads=2)
-    both = nnx.jit(lambda m, q, k, v: [_call(m, q, k, v, is_causal=c)[0] for c in (False, True)])(kernel, q, k, v)
+    both = nnx.jit(lambda m, q, k, v: [call_kernel(m, q, k, v, is_causal=c)[0] for c in (False, True)])(kernel, q, k, v)
     for is_causal, out in zip((False, True), both):
         out = out.astype(jnp.float32)
         ratio = jnp.abs(out).mean((1, 2, 3)) / jnp.abs(_exact(q, k, v, is_causal)).mean((1, 2, 3))  # (sigma,)
@@ -250,10 +238,10 @@ def test_positive_beats_trig_where_kernel_values_are_small():
     Neither output may be degenerate (mean |out| within 10x of exact), so an all-zero output cannot win.
     Measured (F = 128): relative error 0.05 positive, 2.5 trig; mean |out| / mean |exact| 1.01 and 2.5."""
     b, t, hd = 2, 12, 16
-    direction = _x(11, (1, 1, 1, hd))
-    q = 2.0 * direction + 0.3 * _x(12, (b, t, 2, hd))
-    k = -2.0 * direction + 0.3 * _x(13, (b, t, 2, hd))
-    v = _x(14, (b, t, 2, hd))
+    direction = np_randn(11, (1, 1, 1, hd))
+    q = 2.0 * direction + 0.3 * np_randn(12, (b, t, 2, hd))
+    k = -2.0 * direction + 0.3 * np_randn(13, (b, t, 2, hd))
+    v = np_randn(14, (b, t, 2, hd))
     exact = _exact(q, k, v)
     scale = float(jnp.abs(exact).mean())
     stats = {}
