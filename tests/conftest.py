@@ -86,6 +86,6 @@ def tiny_step():
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     """One temporary ``data_dir`` for the session's prepared datasets: each task config gets its own folder under it
-    (attn_lab/data/tasks.py), so modules share a prepared task instead of preparing it again. A test that counts
+    (attn_lab/data/tasks/), so modules share a prepared task instead of preparing it again. A test that counts
     files across the whole folder needs its own (a module's fixture of the same name overrides this one)."""
     return str(tmp_path_factory.mktemp("data"))

@@ -10,11 +10,6 @@ from attn_lab.data import builders, load_task, validate_task_config
 from attn_lab.data.spm import SpmVocab, model_path
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("data"))
-
-
 def test_digits_are_64_pixel_sequences_split_80_10_10(data_dir):
     task = load_task({"name": "digits"}, data_dir)
     sizes = {s: task.num_examples(s) for s in ("train", "validation", "test")}
