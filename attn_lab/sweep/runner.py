@@ -1,4 +1,5 @@
-"""Runs a sweep's trials as ``python -m attn_lab.train`` processes and collects their results.
+"""Runs a sweep's trials as ``python -m attn_lab.train`` processes (and an experiment's analysis as
+``python -m attn_lab.analysis``) and collects their results.
 
 Each trial gets its own folder under the sweep's workdir; a trial with a ``results.json`` is skipped, so an
 interrupted sweep resumes; a failing trial leaves ``error.txt`` (its last lines of stderr, progress bars removed) and
@@ -20,9 +21,9 @@ import subprocess
 import sys
 from typing import Any
 
-from attn_lab.sweep.spec import Experiment, Trial
 from attn_lab.io import write_text_atomic
 from attn_lab.markdown import markdown_table
+from attn_lab.sweep.spec import Experiment, Trial
 
 
 def override_flags(overrides: dict[str, Any]) -> list[str]:
@@ -84,15 +85,24 @@ def run_group(exp: Experiment, group: list[Trial], workdir: str, extra: list[str
     return {t.name: statuses[t.name] for t in group}
 
 
+ANALYZE = [sys.executable, "-m", "attn_lab.analysis"]  # the analysis entry point, like TRAIN
+
+
+def _flag_value(value: Any) -> str:
+    """An ``analyze`` value as its flag is written: lists and tuples comma-separated (absl list flags)."""
+    return ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+
+
 def analysis_command(exp: Experiment, trial_dir: str) -> list[str]:
-    """``scripts/analyze_heads.py`` on a finished trial with the experiment's ``analyze`` flags."""
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in exp.analyze.items()]
-    return [sys.executable, os.path.join(exp.root, "scripts", "analyze_heads.py"), "--workdir", trial_dir, *flags]
+    """``python -m attn_lab.analysis`` on a finished trial with the experiment's ``analyze`` flags (``max_batches``
+    -> ``--max-batches``; run with :func:`child_env`, like the trials)."""
+    flags = [f"--{k.replace('_', '-')}={_flag_value(v)}" for k, v in exp.analyze.items()]
+    return [*ANALYZE, "--workdir", trial_dir, *flags]
 
 
 def analyzed(exp: Experiment, trial_dir: str) -> bool:
     """Whether every method in the experiment's ``analyze['what']`` has written its JSON for this trial."""
-    what = [w.strip() for w in str(exp.analyze.get("what", "importance")).split(",") if w.strip()]
+    what = [w.strip() for w in _flag_value(exp.analyze.get("what", "importance")).split(",") if w.strip()]
     return all(os.path.exists(os.path.join(trial_dir, "analysis", f"{w}.json")) for w in what)
 
 
@@ -117,8 +127,9 @@ def _run(cmd: list[str], dirs: list[str]) -> str:
 
 
 def child_env() -> dict[str, str]:
-    """This process's environment with this attn_lab first on PYTHONPATH, so a trial's ``-m attn_lab.train`` runs
-    the same code as the sweep whether the package is installed or found on the path."""
+    """This process's environment with this attn_lab first on PYTHONPATH, so a trial's ``-m attn_lab.train`` (and
+    ``-m attn_lab.analysis``) runs the same code as the sweep whether the package is installed or found on the
+    path."""
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": package_parent + (os.pathsep + path if path else "")}

@@ -13,11 +13,12 @@ An experiment file (``experiments/<table>.py``) has ``get_experiment(preset) -> 
 - ``variants``: ``{'name': {'dotted.key': value, ...}}``, one axis of named settings (``variant=<name>`` in the trial
   name), for tables whose rows are not a product -- e.g. head-count rows, MQA and GQA in one sweep;
 - ``seeds``: list of seeds (crossed with everything else);
-- ``analyze``: ``{'what': 'ablate,prune', 'metric': 'bleu', ...}``: ``scripts/analyze_heads.py`` flags run on every
-  trial once it finishes (skipped when its ``analysis/<method>.json`` files exist).
+- ``analyze``: ``{'what': 'ablate,prune', 'metric': 'bleu', ...}``: flags of ``python -m attn_lab.analysis`` (key
+  ``max_batches`` -> ``--max-batches``; a list value is written comma-separated), run on every trial once it
+  finishes (skipped when its ``analysis/<method>.json`` files exist).
 
 Beside ``get_experiment`` the file defines ``report(rows, sweep_dir, exp, out_dir, bench) -> [Table]``, next to its
-published numbers: the tables ``scripts/make_tables.py`` makes of the sweep.
+published numbers: the tables ``python -m attn_lab.reporting --workdir <sweep>`` makes of the sweep.
 
 Everything is checked against the base config before any trial starts: unknown keys, empty axes, zipped lists of
 unequal length and duplicate trials each stop with one line.
@@ -43,10 +44,10 @@ SHAPES: dict[str, tuple[type, str]] = {
     "overrides": (dict, "a dict {'dotted.key': value}"), "grid": (dict, "a dict {'dotted.key': [values]}"),
     "zip": ((list, tuple), "a list of dicts {'dotted.key': [values]}"),
     "variants": (dict, "a dict {'name': {overrides}}"),
-    "seeds": ((list, tuple), "a list of seeds"), "analyze": (dict, "a dict of analyze_heads.py flags"),
+    "seeds": ((list, tuple), "a list of seeds"), "analyze": (dict, "a dict of analysis flags"),
 }
 REQUIRED = ("name", "config")
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/, scripts/
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # shipped configs/
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Trial:
 class Experiment:
     name: str
     config: str  # '/abs/path/x.py[:preset]', resolved by :func:`resolve_config`
-    root: str  # the project root: shipped configs/, and scripts/analyze_heads.py for the analysis
+    root: str  # the project root, where relative config paths not next to the experiment file are looked up
     overrides: dict[str, Any]
     axes: list[list[dict[str, Any]]]  # each axis: its points, a point being {key: value} ('variant': a name)
     seeds: list[int]
@@ -147,7 +148,8 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
     Args:
       spec: the experiment file, anywhere on disk, with an optional ``:preset`` (default ``quick``).
       root: the project root (default: the repository of this package), where relative config paths not found
-        next to the experiment file are looked up and where ``scripts/analyze_heads.py`` is.
+        next to the experiment file are looked up (the shipped ``configs/``). Nothing is launched from it: trials
+        and the analysis run the package's entry points (``python -m attn_lab.train`` / ``attn_lab.analysis``).
     """
     path, _, preset = spec.partition(":")
     if not os.path.exists(path):

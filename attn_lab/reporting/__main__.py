@@ -1,0 +1,101 @@
+"""Turn a finished sweep folder into Markdown and LaTeX tables and PNG plots, with the published numbers beside ours
+(``python -m attn_lab.reporting``; ``scripts/make_tables.py`` and ``attn-tables`` run this).
+
+  python -m attn_lab.reporting --workdir runs/head_count
+  python -m attn_lab.reporting --workdir runs/variants --bench bench/attention.csv
+
+Reads ``<workdir>/sweep.json`` (written by ``python -m attn_lab.sweep``) to find the experiment file, collects every
+trial's results.json, and hands the rows to the ``report`` function that file defines (it reads the trials'
+``analysis/*.json`` itself where it needs them, groups seeds and prints its published numbers beside ours); writes
+``<workdir>/tables/<experiment file stem>.md``, ``.tex`` and PNGs (``--out`` for another folder).
+
+An entry point, above every layer: it reads the sweep folder with :mod:`attn_lab.sweep` (the experiment and its
+trials' rows), which the library modules of :mod:`attn_lab.reporting` never import.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pathlib
+import sys
+
+from absl import flags
+
+from attn_lab.cli import main_args, run_entry_point
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A sweep folder (python -m attn_lab.sweep's --workdir); required.")
+_OUT = flags.DEFINE_string("out", None, "Output folder (default <workdir>/tables).")
+_BENCH = flags.DEFINE_string("bench", "bench/attention.csv", "variants: scripts/bench_attention.py's CSV (used if "
+                             "it exists).")
+
+
+def main(argv: list[str]) -> int:
+    """Checks the sweep folder, then writes the experiment's tables and the environments they came from."""
+    if _WORKDIR.value is None and len(argv) == 2:  # the sweep folder used to be positional
+        sys.exit(f"error: unexpected argument {argv[1]!r}; give the sweep folder as --workdir {argv[1]}")
+    main_args(argv)
+    if _WORKDIR.value is None:
+        sys.exit("error: --workdir is required (a sweep folder)")
+    from attn_lab.io import write_text_atomic
+    from attn_lab.reporting.tables import write_tables
+    from attn_lab.sweep.runner import collect
+    from attn_lab.sweep.spec import load_experiment
+
+    sweep_dir = _WORKDIR.value
+    info_path = os.path.join(sweep_dir, "sweep.json")
+    if not os.path.exists(info_path):
+        sys.exit(f"error: --workdir={sweep_dir}: not a sweep folder (no sweep.json); run python -m attn_lab.sweep "
+                 "with this --workdir first")
+    try:
+        with open(info_path) as f:
+            info = json.load(f)
+        exp = load_experiment(info["experiment"], root=info["root"])
+    except KeyError as e:
+        sys.exit(f"error: --workdir={sweep_dir}: {info_path} has no key {e} (written by python -m attn_lab.sweep)")
+    except (OSError, ValueError) as e:
+        sys.exit(f"error: --workdir={sweep_dir}: {info_path}: {e}".replace("\n", " "))
+    path = info["experiment"].rsplit(":", 1)[0]
+    if exp.report_fn is None:
+        sys.exit(f"error: {path} defines no report(rows, sweep_dir, exp, out_dir, bench); add one (experiments/*.py)")
+    name = pathlib.Path(path).stem  # tables/<name>.md
+    rows = collect(exp, sweep_dir)
+    if not any(r["status"] in ("ok", "skipped") for r in rows):
+        sys.exit(f"error: --workdir={sweep_dir}: no finished trial")
+    bench = None
+    if os.path.exists(_BENCH.value):
+        with open(_BENCH.value) as f:
+            bench = list(csv.DictReader(f))
+    out = _OUT.value or os.path.join(sweep_dir, "tables")
+    os.makedirs(out, exist_ok=True)
+    tables = exp.report_fn(rows, sweep_dir, exp, out, bench)
+    print(write_tables(out, name, tables))
+    envs = _environments(sweep_dir, rows)
+    print("Environments of these runs:\n" + "\n".join(f"  {line}" for line in envs))
+    write_text_atomic(pathlib.Path(out, "environments.md"),
+                      "# Environments of these runs\n\n" + "".join(f"- {line}\n" for line in envs))
+    print(f"wrote {out}/{name}.md, .tex, environments.md and PNGs")
+    return 0
+
+
+def _environments(sweep_dir: str, rows: list[dict]) -> list[str]:
+    """One line per distinct environment (versions, devices, commit) among the finished trials' results.json."""
+    from attn_lab.environment import summarize
+
+    blocks = []
+    for row in rows:
+        path = os.path.join(sweep_dir, row["trial"], "results.json")
+        if row["status"] in ("ok", "skipped") and os.path.exists(path):
+            with open(path) as f:
+                blocks.append(json.load(f).get("environment"))
+    return summarize(blocks)
+
+
+def run() -> None:
+    """The ``attn-tables`` console script."""
+    run_entry_point(main, __name__)
+
+
+if __name__ == "__main__":
+    run()
