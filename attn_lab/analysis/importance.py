@@ -76,6 +76,40 @@ def head_importance(state: dict, batches: Iterable[dict], shapes: dict[str, tupl
     return out
 
 
+def rank_correlation(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho: Pearson correlation of the ranks (ties share their mean rank); nan for a constant input."""
+    rx, ry = _ranks(np.ravel(x)), _ranks(np.ravel(y))
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denom = np.sqrt((rx**2).sum() * (ry**2).sum())
+    return float((rx * ry).sum() / denom) if denom > 0 else float("nan")
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(len(values), dtype=np.float64)
+    for v in np.unique(values):  # ties: the mean of the ranks they span
+        tied = values == v
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def importance_vs_drop(importance: dict[str, np.ndarray], deltas: dict[str, np.ndarray]) -> dict[str, float]:
+    """How well importance predicts the metric's drop when a head is masked alone (Michel et al.'s premise).
+
+    Spearman's rho between ``importance[kind]`` and ``-deltas[kind]`` (both ``[L, N]``) over all heads (``'all'``)
+    and within each attention kind. A high rho within kinds with a low one over all heads means the scores rank
+    heads well inside a kind but are not comparable across kinds (e.g. after per-layer normalization, which gives
+    every layer the same total importance however much the model relies on that layer).
+    """
+    kinds = list(deltas)
+    flat = lambda d, sign=1.0: np.concatenate([sign * np.ravel(np.asarray(d[k], np.float64)) for k in kinds])
+    out = {"all": rank_correlation(flat(importance), flat(deltas, -1.0))}
+    for k in kinds:
+        out[k] = rank_correlation(np.asarray(importance[k]), -np.asarray(deltas[k], np.float64))
+    return out
+
+
 def _valid(batch: dict) -> np.ndarray:
     if "mask" in batch:
         return np.asarray(batch["mask"])
