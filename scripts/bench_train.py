@@ -31,23 +31,26 @@ at the chosen dtype).
 
 from __future__ import annotations
 
-import argparse
 import pathlib
+import sys
 import tempfile
 import time
+import types
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 from flax import nnx
 
+from attn_lab.cli import DEFINE_integer_list, main_args, parse_flags
+from attn_lab.io import write_json_atomic, write_text_atomic
 from attn_lab.models import Seq2Seq, build_model, count_params
 from attn_lab.models.transformer import EOS
 from attn_lab.sweep.spec import load_config_file
 from attn_lab.train.config import base_config
 from attn_lab.train.decode import compile_decode, supports_cached_decoding
-from attn_lab.io import write_json_atomic, write_text_atomic
 from attn_lab.train.seeds import stack, stack_batches
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
 from attn_lab.train.trainer import Run, _train_loop  # the trainer's own loop, timed as a run uses it
@@ -58,27 +61,45 @@ MFU_MODEL = {"d_model": 512, "layers": 2, "heads": 8, "batch": 32}
 LOOP_MODEL = {"d_model": 64, "layers": 2, "heads": 4, "batch": 32}  # configs/numbers.py:quick, half its batch
 
 
-def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--d-model", type=int, help="default 512 (64 with --loop)")
-    p.add_argument("--layers", type=int, help="encoder and decoder layers each; default 2")
-    p.add_argument("--heads", type=int, help="default 8 (4 with --loop)")
-    p.add_argument("--batch", type=int, help="default 32")
-    p.add_argument("--length", type=int, default=64, help="source and target tokens per example")
-    p.add_argument("--vocab", type=int, default=8000)
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    p.add_argument("--steps", type=int, default=8, help="timed steps after 2 warm-up steps")
-    p.add_argument("--peak-sizes", default="1024,2048,4096", help="square matmul sizes timed for the peak")
-    p.add_argument("--out", default="bench/train")
-    p.add_argument("--loop", action="store_true", help="trainer loop vs bare step, and cached vs uncached decoding")
-    p.add_argument("--loop-steps", type=int, default=80, help="trainer steps per round (--loop)")
-    p.add_argument("--log-every", type=int, default=20, help="trainer log window (--loop); a round's first is warm-up")
-    p.add_argument("--rounds", type=int, default=3, help="trainer and bare loop alternations (--loop)")
-    p.add_argument("--decode-lengths", default="64,256", help="greedy decoding target lengths (--loop)")
-    p.add_argument("--decode-batch", type=int, default=8, help="sentences decoded at once (--loop)")
-    p.add_argument("--repeats", type=int, default=2,
-                   help="least timed calls per decoder and length, median; fast ones repeat for 1 s (--loop)")
-    args = p.parse_args(argv)
+_D_MODEL = flags.DEFINE_integer("d-model", None, "Model width; default 512 (64 with --loop).", lower_bound=1)
+_LAYERS = flags.DEFINE_integer("layers", None, "Encoder and decoder layers each; default 2.", lower_bound=1)
+_HEADS = flags.DEFINE_integer("heads", None, "Attention heads; default 8 (4 with --loop).", lower_bound=1)
+_BATCH = flags.DEFINE_integer("batch", None, "Batch size; default 32.", lower_bound=1)
+_LENGTH = flags.DEFINE_integer("length", 64, "Source and target tokens per example.", lower_bound=1)
+_VOCAB = flags.DEFINE_integer("vocab", 8000, "Vocabulary size of the random tokens.", lower_bound=4)
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Model and matmul-peak dtype.")
+_STEPS = flags.DEFINE_integer("steps", 8, "Timed steps after 2 warm-up steps.", lower_bound=1)
+_PEAK_SIZES = DEFINE_integer_list("peak-sizes", [1024, 2048, 4096], "Comma-separated square matmul sizes timed for "
+                                  "the peak.")
+_OUT = flags.DEFINE_string("out", "bench/train", "Output path without suffix: writes <out>.json and <out>.md.")
+_LOOP = flags.DEFINE_bool("loop", False, "Trainer loop vs bare step, and cached vs uncached decoding.")
+_LOOP_STEPS = flags.DEFINE_integer("loop-steps", 80, "Trainer steps per round (--loop).", lower_bound=2)
+_LOG_EVERY = flags.DEFINE_integer("log-every", 20, "Trainer log window (--loop); a round's first is warm-up.",
+                                  lower_bound=1)
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Trainer and bare loop alternations (--loop).", lower_bound=1)
+_DECODE_LENGTHS = DEFINE_integer_list("decode-lengths", [64, 256], "Comma-separated greedy decoding target lengths "
+                                      "(--loop).")
+_DECODE_BATCH = flags.DEFINE_integer("decode-batch", 8, "Sentences decoded at once (--loop).", lower_bound=1)
+_REPEATS = flags.DEFINE_integer("repeats", 2, "Least timed calls per decoder and length, median; fast ones repeat "
+                                "for 1 s (--loop).", lower_bound=1)
+
+
+FLAG_NAMES = ("d-model", "layers", "heads", "batch", "length", "vocab", "dtype", "steps", "peak-sizes", "out", "loop",
+              "loop-steps", "log-every", "rounds", "decode-lengths", "decode-batch", "repeats")
+
+
+def parsed_args() -> types.SimpleNamespace:
+    """The flags as ``args.<name>`` (dashes as underscores), with the model defaults of ``--loop`` or the MFU run
+    filled in; what the benchmarks read and what ``<out>.json`` records under ``args``. Stops with one line on
+    values absl's types do not catch."""
+    args = types.SimpleNamespace(**{name.replace("-", "_"): flags.FLAGS[name].value for name in FLAG_NAMES})
+    for name in ("peak-sizes", "decode-lengths"):
+        sizes = flags.FLAGS[name].value
+        if not all(n > 0 for n in sizes):
+            sys.exit(f"error: --{name}={','.join(map(str, sizes))}: give positive integers, e.g. 64,256")
+    if args.loop and not args.log_every < args.loop_steps:
+        sys.exit(f"error: --log-every={args.log_every}: must be below --loop-steps ({args.loop_steps}): the first "
+                 "log window is warm-up")
     for key, value in (LOOP_MODEL if args.loop else MFU_MODEL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -103,7 +124,7 @@ def matmul_peak(dtype: str, sizes=(1024, 2048, 4096), repeats: int = 3) -> dict:
     return best
 
 
-def model_config(args: argparse.Namespace):
+def model_config(args: types.SimpleNamespace):
     c = base_config()
     c.model.update(num_layers=args.layers, d_model=args.d_model, mlp_dim=4 * args.d_model, num_heads=args.heads,
                    dtype=args.dtype)
@@ -111,7 +132,7 @@ def model_config(args: argparse.Namespace):
     return c
 
 
-def model_flops(params: int, args: argparse.Namespace, tokens: int) -> float:
+def model_flops(params: int, args: types.SimpleNamespace, tokens: int) -> float:
     """6 N D for the dense weights, plus 3 x 4 x (T x S x d) per attention layer for scores and values (forward
     2 T S d each, backward twice that); one attention layer per encoder layer, two (self, cross) per decoder layer."""
     t = args.length
@@ -119,13 +140,13 @@ def model_flops(params: int, args: argparse.Namespace, tokens: int) -> float:
     return 6.0 * params * tokens + attention
 
 
-def random_batch(args: argparse.Namespace, seed: int) -> dict:
+def random_batch(args: types.SimpleNamespace, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     return {k: rng.integers(3, args.vocab, (1, args.batch, args.length)).astype(np.int32)
             for k in ("inputs", "targets")}  # (S=1, B, T)
 
 
-def bench_model(args: argparse.Namespace) -> dict:
+def bench_model(args: types.SimpleNamespace) -> dict:
     c = model_config(args)
     model = build_model(c.model, kind=Seq2Seq.KIND, vocab_size=args.vocab, max_len=args.length + 1)
     graphdef, params, _ = nnx.split(model, nnx.Param, ...)
@@ -150,7 +171,7 @@ def bench_model(args: argparse.Namespace) -> dict:
             "model_flops_per_step": model_flops(n, args, tokens), "xla_flops_per_step": hw_flops}
 
 
-def report(args: argparse.Namespace, peak: dict, model: dict) -> dict:
+def report(args: types.SimpleNamespace, peak: dict, model: dict) -> dict:
     device = jax.devices()[0]
     mfu = model["model_flops_per_step"] / model["seconds_per_step"] / peak["flops_per_sec"]
     hfu = model["xla_flops_per_step"] / model["seconds_per_step"] / peak["flops_per_sec"]
@@ -170,7 +191,7 @@ def markdown(r: dict) -> str:
             f"{100 * r['hfu']:.1f}% |\n")
 
 
-def loop_config(args: argparse.Namespace, data_dir: str):
+def loop_config(args: types.SimpleNamespace, data_dir: str):
     """configs/numbers.py:quick with the --loop model, dropout 0.1 (the trainer's usual work), no W&B. ``num_steps``
     is one more than the rounds train, so no evaluation runs (it would only cost untimed compilation); each round
     ends with a checkpoint, outside the timed windows."""
@@ -209,7 +230,7 @@ def bare_steps_per_sec(run: Run, batches: list[dict]) -> float:
     return len(placed) / seconds
 
 
-def bench_trainer(args: argparse.Namespace) -> dict:
+def bench_trainer(args: types.SimpleNamespace) -> dict:
     """Steady steps/s of the trainer loop and of the bare step on the same batches, alternated for ``--rounds``.
 
     Round r trains steps ``[r n + 1, (r + 1) n]`` with the trainer loop (one ``_train_loop`` call that stops there,
@@ -240,7 +261,7 @@ def bench_trainer(args: argparse.Namespace) -> dict:
             "trainer_over_bare": float(np.median([x["ratio"] for x in rounds]))}
 
 
-def decode_model(args: argparse.Namespace, vocab: int, max_len: int) -> tuple[Any, dict]:
+def decode_model(args: types.SimpleNamespace, vocab: int, max_len: int) -> tuple[Any, dict]:
     """(graphdef, state) of a randomly initialized --loop model whose logits never pick EOS (untied output layer,
     EOS bias -1e9), so greedy decoding runs to the full target length on both paths."""
     c = base_config()
@@ -273,10 +294,10 @@ def median_seconds(fn: Any, args: tuple, repeats: int, budget: float = 1.0) -> t
 DECODE_VOCAB, DECODE_SOURCE_LENGTH = 1000, 32
 
 
-def bench_decode(args: argparse.Namespace, vocab: int = DECODE_VOCAB,
+def bench_decode(args: types.SimpleNamespace, vocab: int = DECODE_VOCAB,
                  source_length: int = DECODE_SOURCE_LENGTH) -> list[dict]:
     """Per target length: seconds to greedy-decode one batch with the KV cache and by re-running the decoder."""
-    lengths = [int(n) for n in args.decode_lengths.split(",")]
+    lengths = list(args.decode_lengths)
     graphdef, state = decode_model(args, vocab, max(*lengths, source_length))
     inputs = jnp.asarray(np.random.default_rng(0).integers(3, vocab, (args.decode_batch, source_length)),
                          jnp.int32)  # (B, S)
@@ -291,11 +312,8 @@ def bench_decode(args: argparse.Namespace, vocab: int = DECODE_VOCAB,
     return rows
 
 
-def bench_loop(args: argparse.Namespace) -> dict:
+def bench_loop(args: types.SimpleNamespace) -> dict:
     """The --loop report: trainer loop against the bare step, then cached against uncached greedy decoding."""
-    if not 0 < args.log_every < args.loop_steps:
-        raise SystemExit(f"error: --log-every ({args.log_every}) must be below --loop-steps ({args.loop_steps}): "
-                         "the first log window is warm-up")
     device = jax.devices()[0]
     return {"device": f"{device.platform} {device.device_kind} x{jax.device_count()}", "args": vars(args),
             **bench_trainer(args), "decode": bench_decode(args), "decode_vocab": DECODE_VOCAB,
@@ -322,13 +340,15 @@ def loop_markdown(r: dict) -> str:
             f"|---|---|---|---|---|\n{rows}")
 
 
-def main(argv=None) -> int:
-    args = parse(argv)
+def main(argv: list[str]) -> int:
+    """Runs the MFU benchmark (or ``--loop``'s) and writes ``<out>.json`` and ``<out>.md`` (flags checked by absl)."""
+    main_args(argv)
+    args = parsed_args()
     if args.loop:
         r = bench_loop(args)
         text = loop_markdown(r)
     else:
-        peak = matmul_peak(args.dtype, tuple(int(n) for n in args.peak_sizes.split(",")))
+        peak = matmul_peak(args.dtype, tuple(args.peak_sizes))
         r = report(args, peak, bench_model(args))
         text = markdown(r)
     out = pathlib.Path(args.out)
@@ -340,4 +360,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    app.run(main, flags_parser=parse_flags)
