@@ -1,5 +1,5 @@
 """Head analysis: importance against finite differences, zero-importance heads, diagnostics on hand-built maps,
-and the script on a finished run.
+and the analysis command (``python -m attn_lab.analysis``, ``scripts/analyze_heads.py``) on a finished run.
 
 Float32 comparisons run under 'highest' matmul precision (tests/conftest.py), so their tight tolerances hold on a
 GPU too, where float32 matmuls default to TF32.
@@ -7,6 +7,8 @@ GPU too, where float32 matmuls default to TF32.
 
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -75,7 +77,8 @@ def test_head_gradient_norms_are_the_query_and_output_slices_of_the_gradient():
     grads_fn = importance.compile_gradients(graphdef)
     norms = importance.head_gradient_norms(state, [batch], shapes, grads_fn)
     g = grads_fn(state, batch)["decoder"]["blocks"][0]["cross_attn"]
-    expect = np.sqrt((np.asarray(g["query"]["kernel"][:, 1]) ** 2).sum() + (np.asarray(g["out"]["kernel"][1]) ** 2).sum())
+    expect = np.sqrt((np.asarray(g["query"]["kernel"][:, 1]) ** 2).sum()
+                     + (np.asarray(g["out"]["kernel"][1]) ** 2).sum())
     np.testing.assert_allclose(norms["cross"][0, 1], expect, rtol=1e-5)
     assert all(v.shape == shapes[k] and (v > 0).all() for k, v in norms.items())
 
@@ -126,7 +129,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load(relative_path):
-    """A module of this repository (a config file or a script) loaded from its path."""
+    """A module of this repository (a config file) loaded from its path."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(os.path.basename(relative_path)[:-3],
@@ -136,6 +139,12 @@ def _load(relative_path):
     return module
 
 
+def _analyze(command: list[str], *flags: str) -> None:
+    """Runs the analysis as a user does (absl flags are parsed once per process, so never in this one)."""
+    proc = subprocess.run([*command, *flags], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_analyze_heads_script_on_a_finished_run(tmp_path):
     c = _load("configs/listops.py").get_config("quick")
     c.task.data_dir, c.task.num_train, c.task.num_validation, c.task.num_test = str(tmp_path / "d"), 64, 16, 16
@@ -143,9 +152,8 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     c.train.update({"num_steps": 2, "batch_size": 8, "log_every": 1, "eval_every": 2, "checkpoint_every": 2})
     c.wandb.mode = "disabled"
     train_and_evaluate(c, str(tmp_path / "run"))
-    script = _load("scripts/analyze_heads.py")
-    assert script.main(["--workdir", str(tmp_path / "run"), "--max-batches", "1", "--prune-fraction", "0.5",
-                        "--gate-targets", "0.5", "--gate-steps", "4", "--speed-batch", "8"]) == 0
+    _analyze([sys.executable, "-m", "attn_lab.analysis"], "--workdir", str(tmp_path / "run"), "--max-batches", "1",
+             "--prune-fraction", "0.5", "--gate-targets", "0.5", "--gate-steps", "4", "--speed-batch", "8")
     out = tmp_path / "run" / "analysis"
     structural = json.loads((out / "structural.json").read_text())
     assert structural["heads_per_layer"] == {"encoder_self": [1, 1]} and structural["max_abs_diff"] < 1e-4
@@ -165,8 +173,9 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]  # what W&B gets too
     assert [line["step"] for line in logged] == [0, 1, 2, 3]  # prune's two steps, then the gates' two rows
     assert {"prune/random", "prune/percent"} <= set(logged[1]) and "gates/kept" in logged[3]
-    assert script.main(["--workdir", str(tmp_path / "run"), "--what", "prune", "--max-batches", "1",
-                        "--prune-fraction", "0.5", "--prune-orders", "random", "--finetune-steps", "2"]) == 0
+    _analyze([sys.executable, os.path.join(ROOT, "scripts", "analyze_heads.py")], "--workdir", str(tmp_path / "run"),
+             "--what", "prune", "--max-batches", "1", "--prune-fraction", "0.5", "--prune-orders", "random",
+             "--finetune-steps", "2")
     finetuned = json.loads((out / "finetune" / "random" / "step1" / "results.json").read_text())
     assert finetuned["steps"] == 2 and finetuned["config"]["train"]["init_from"] == str(tmp_path / "run")
     masked = finetuned["config"]["model"]["kinds"]["encoder_self"]["head_mask"]

@@ -1,15 +1,17 @@
 """Result tables: seed grouping (mean ± std), the published numbers beside ours, Markdown and LaTeX, for every
-experiment's report, from sweep rows and analysis files written the way the sweep and analyze_heads write them; and
-scripts/make_tables.py tabulating any experiment file that defines its own report."""
+experiment's report, from sweep rows and analysis files written the way the sweep and the analysis write them; and
+the tables command (``python -m attn_lab.reporting``, ``scripts/make_tables.py``) tabulating any experiment file that
+defines its own report."""
 
 import importlib.util
 import json
 import math
 import os
+import subprocess
+import sys
 import textwrap
 
 import numpy as np
-import pytest
 
 from attn_lab.reporting.tables import Table, mean_std
 from attn_lab.sweep.spec import Experiment
@@ -18,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load(path, name):
-    """A file as a module, by path (experiments/ and scripts/ are not packages)."""
+    """A file as a module, by path (experiments/ is not a package)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -175,7 +177,8 @@ def test_a_table_of_finished_trials_has_no_status_column(tmp_path):
 
 
 def _finished_sweep(sweep, experiment, trials):
-    """A sweep folder as scripts/sweep.py leaves it: sweep.json naming the experiment, results.json per trial."""
+    """A sweep folder as ``python -m attn_lab.sweep`` leaves it: sweep.json naming the experiment, results.json per
+    trial."""
     sweep.mkdir()
     (sweep / "sweep.json").write_text(json.dumps({"experiment": f"{experiment}:quick", "root": ROOT, "name": "x"}))
     for i, trial in enumerate(trials):
@@ -185,7 +188,12 @@ def _finished_sweep(sweep, experiment, trials):
         (sweep / trial / "results.json").write_text(json.dumps(results))
 
 
-def test_make_tables_tabulates_an_experiment_file_with_its_own_report_and_published_numbers(tmp_path, capsys):
+def _tables(command: list[str], *flags: str) -> subprocess.CompletedProcess:
+    """The tables command as a user runs it (absl flags are parsed once per process, so never in this one)."""
+    return subprocess.run([*command, *flags], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_make_tables_tabulates_an_experiment_file_with_its_own_report_and_published_numbers(tmp_path):
     """A new table is one new file anywhere on disk: its sweep, report and paper numbers; nothing else is edited."""
     experiment = tmp_path / "mine" / "my_table.py"
     experiment.parent.mkdir()
@@ -205,12 +213,17 @@ def test_make_tables_tabulates_an_experiment_file_with_its_own_report_and_publis
         '''))
     trials = [f"variant={v},seed={s}" for v in ("one", "two") for s in (0, 1)]
     _finished_sweep(tmp_path / "runs", experiment, trials)
-    make_tables = _load(os.path.join(ROOT, "scripts", "make_tables.py"), "make_tables")
-    assert make_tables.main([str(tmp_path / "runs"), "--bench", str(tmp_path / "none.csv")]) == 0
+    proc = _tables([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py")],
+                   "--workdir", str(tmp_path / "runs"), "--bench", str(tmp_path / "none.csv"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
     md = (tmp_path / "runs" / "tables" / "my_table.md").read_text()
     assert "| one | 20.5 ± 0.7 (2) | 21.5 |" in md and "| two | 22.5 ± 0.7 (2) | – |" in md
     assert "Published: Someone et al. 2099." in md and (tmp_path / "runs" / "tables" / "my_table.tex").exists()
-    assert md in capsys.readouterr().out
+    assert md in proc.stdout
+    proc = _tables([sys.executable, "-m", "attn_lab.reporting"], "--workdir", str(tmp_path / "runs"),
+                   "--out", str(tmp_path / "elsewhere"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "elsewhere" / "my_table.md").read_text() == md
 
 
 def test_make_tables_without_a_report_in_the_experiment_is_one_line(tmp_path):
@@ -218,8 +231,7 @@ def test_make_tables_without_a_report_in_the_experiment_is_one_line(tmp_path):
     experiment.write_text("def get_experiment(preset='quick'):\n"
                           "    return {'name': 'bare', 'config': 'configs/numbers.py:quick', 'seeds': [0]}\n")
     _finished_sweep(tmp_path / "runs", experiment, ["seed=0"])
-    make_tables = _load(os.path.join(ROOT, "scripts", "make_tables.py"), "make_tables")
-    with pytest.raises(SystemExit) as err:
-        make_tables.main([str(tmp_path / "runs")])
-    assert err.value.code == f"error: {experiment} defines no report(rows, sweep_dir, exp, out_dir, bench); add one " \
-                             "(experiments/*.py)"
+    proc = _tables([sys.executable, "-m", "attn_lab.reporting"], "--workdir", str(tmp_path / "runs"))
+    assert proc.returncode != 0
+    assert proc.stderr == f"error: {experiment} defines no report(rows, sweep_dir, exp, out_dir, bench); add one " \
+                          "(experiments/*.py)\n"
