@@ -1,8 +1,9 @@
 """Every bad input stops in one line naming the key, its value and what is allowed, before anything is written.
 
 Table-driven: the config values go through :func:`validate_config` in process (milliseconds each); the CLI path
-(flag parsing, config files, workdirs, sweep flags and experiment files) runs ``python -m attn_lab.train`` and
-``scripts/sweep.py`` as subprocesses, started together because each spends seconds importing.
+(flag parsing, config files, workdirs, sweep flags and experiment files) runs ``python -m attn_lab.train``,
+``scripts/sweep.py``, ``python -m attn_lab.analysis`` and ``python -m attn_lab.reporting`` as subprocesses, started
+together because each spends seconds importing.
 """
 
 import importlib.util
@@ -254,4 +255,57 @@ def test_bad_sweep_command_lines_are_one_line_and_write_nothing(tmp_path):
         assert proc.returncode != 0, args
         assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), (args, proc.stderr)
         assert message in proc.stderr, (args, proc.stderr)
+    assert _files(tmp_path) == before
+
+
+ANALYZE = [sys.executable, "-m", "attn_lab.analysis"]
+TABLES = [sys.executable, "-m", "attn_lab.reporting"]
+# (command, what the one line says; '{tmp}' is the test folder): the head analysis and the tables of a sweep folder
+BAD_ANALYSIS_AND_TABLES = [
+    ([*ANALYZE, "--workdir", "{tmp}", "--what", "importance,bogus"],
+     "--what=importance,bogus: 'bogus' is not one of importance, ablate, prune, structural, gates, diagnose"),
+    ([*ANALYZE, "--workdir", "{tmp}", "--what="], "--what=: give at least one of importance, ablate, prune"),
+    ([*ANALYZE, "--workdir", "{tmp}", "--prune-orders", "importance,best"],
+     "--prune-orders=importance,best: 'best' is not one of importance, reverse, random"),
+    ([*ANALYZE, "--workdir", "{tmp}", "--gate-targets", "0.5,x"],
+     "--gate-targets=0.5,x: give comma-separated numbers in (0, 1]"),
+    ([*ANALYZE, "--workdir", "{tmp}", "--gate-targets", "0.5,1.5"],
+     "--gate-targets=0.5,1.5: each must be in (0, 1] (a share of the heads to keep), got 1.5"),
+    ([*ANALYZE, "--workdir", "{tmp}", "--structural-percent", "100"],
+     "--structural-percent=100.0: must be in [0, 100)"),
+    ([*ANALYZE, "--workdir", "{tmp}", "--prune-fraction", "0"], "--prune-fraction=0.0: must be in (0, 1]"),
+    ([*ANALYZE, "--workdir", "{tmp}", "--metric", "rouge"],
+     "--metric=rouge: value should be one of <accuracy|bleu|exact_match>"),
+    ([*ANALYZE, "--workdir", "{tmp}", "--split", "dev"], "--split=dev: value should be one of <train|validation|test>"),
+    ([*ANALYZE, "--workdir", "{tmp}", "--max-batches", "0"], "--max-batches=0: 0 is not a positive integer"),
+    ([*ANALYZE, "--what", "importance"], "--workdir is required"),
+    ([*ANALYZE, "--workdir", "{tmp}/nope"], "--workdir: {tmp}/nope is not a run folder"),
+    ([*ANALYZE, "--workdir", "{tmp}", "importance"], "unexpected arguments ['importance']; every argument is a --flag"),
+    ([sys.executable, os.path.join(ROOT, "scripts", "analyze_heads.py"), "--workdir", "{tmp}", "--what", "x"],
+     "--what=x: 'x' is not one of importance"),
+    ([*TABLES, "{tmp}/runs"], "unexpected argument '{tmp}/runs'; give the sweep folder as --workdir {tmp}/runs"),
+    ([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), "{tmp}/runs"],
+     "unexpected argument '{tmp}/runs'; give the sweep folder as --workdir {tmp}/runs"),
+    ([*TABLES, "--out", "{tmp}/tables"], "--workdir is required"),
+    ([*TABLES, "--workdir", "{tmp}"], "--workdir={tmp}: not a sweep folder (no sweep.json)"),
+    ([*TABLES, "--workdir", "{tmp}/runs"], "--workdir={tmp}/runs: no finished trial"),
+    ([*TABLES, "--workdir", "{tmp}/runs", "--bogus"], "unknown flag --bogus"),
+]
+
+
+def test_bad_analysis_and_tables_command_lines_are_one_line_and_write_nothing(tmp_path):
+    good = _experiment(tmp_path, "good", "{'name': 'x', " + SPEC + ", 'grid': {'model.num_heads': [2, 4]}}")
+    with open(good, "a") as f:
+        f.write("\n\ndef report(rows, sweep_dir, exp, out_dir, bench=None):\n    return []\n")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "numbers.py").symlink_to(os.path.join(ROOT, "configs", "numbers.py"))
+    (tmp_path / "runs").mkdir()  # a sweep folder whose trials have not finished
+    (tmp_path / "runs" / "sweep.json").write_text(f'{{"experiment": "{good}:quick", "root": "{ROOT}", "name": "x"}}')
+    before = _files(tmp_path)
+    fill = lambda a: a.replace("{tmp}", str(tmp_path))
+    commands = [[fill(a) for a in command] for command, _ in BAD_ANALYSIS_AND_TABLES]
+    for (command, message), proc in zip(BAD_ANALYSIS_AND_TABLES, _run_all(commands, ROOT)):
+        assert proc.returncode != 0, command
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), (command, proc.stderr)
+        assert fill(message) in proc.stderr, (command, proc.stderr)
     assert _files(tmp_path) == before

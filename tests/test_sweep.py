@@ -26,9 +26,7 @@ def _experiment(tmp_path, body: dict, report: str | None = None) -> str:
         target = tmp_path / "configs" / name
         if not target.exists():
             target.symlink_to(os.path.join(ROOT, "configs", name))
-    (tmp_path / "scripts").mkdir(exist_ok=True)  # trials train with `python -m attn_lab.train`: no train.py here
-    if not (tmp_path / "scripts" / "analyze_heads.py").exists():  # the analysis is still launched by path
-        (tmp_path / "scripts" / "analyze_heads.py").symlink_to(os.path.join(ROOT, "scripts", "analyze_heads.py"))
+    # no scripts/ folder: trials and the analysis run the package's entry points (python -m attn_lab.train/.analysis)
     path = tmp_path / "experiments" / "x.py"
     shipped = open(os.path.join(ROOT, "experiments", f"{report}.py")).read() if report else ""
     path.write_text(shipped + textwrap.dedent(f"""
@@ -126,8 +124,8 @@ def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial_then_analyzes_a
     rows = list(csv.DictReader(open(tmp_path / "runs" / "results.csv")))
     assert [(r["variant"], r["seed"], r["status"]) for r in rows] == [("two", "0", "ok"), ("two", "1", "ok")]
     assert rows[0]["test_exact_match"] != "" and rows[0]["test_loss"] != rows[1]["test_loss"]
-    tables = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), str(tmp_path / "runs")],
-                            capture_output=True, text=True, timeout=300)
+    tables = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"),
+                             "--workdir", str(tmp_path / "runs")], capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr
     md = (tmp_path / "runs" / "tables" / "x.md").read_text()  # named after the experiment file
     assert "All-but-one head per layer" in md and "± " in md and "(2)" in md  # mean ± std over the 2 seeds
@@ -225,7 +223,7 @@ def test_a_trial_that_dies_of_nan_keeps_its_error_line_in_results_csv_and_the_ta
     assert "%|" not in (runs / "variant=A-h4,seed=0" / "error.txt").read_text()
     exp = load_experiment(path)
     assert collect(exp, str(runs))[1]["status"] == rows[1]["status"]  # the same line read back from error.txt
-    tables = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), str(runs)],
+    tables = subprocess.run([sys.executable, "-m", "attn_lab.reporting", "--workdir", str(runs)],
                             capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr
     md = (runs / "tables" / "x.md").read_text()
@@ -266,10 +264,14 @@ def test_wandb_grid_export_maps_every_agent_run_to_exactly_one_trial(tmp_path):
 
 def test_trials_run_the_package_entry_point_not_a_script_path(tmp_path):
     """A trial is ``python -m attn_lab.train`` (the library needs no scripts/ folder), one seed group is one such
-    command with ``--seeds``, and the child finds this attn_lab first on its path."""
-    from attn_lab.sweep.runner import child_env, group_command, trial_command
+    command with ``--seeds``, an experiment's analysis is ``python -m attn_lab.analysis`` with its ``analyze`` keys
+    as flags (lists comma-separated), and the child finds this attn_lab first on its path."""
+    from attn_lab.sweep.runner import analysis_command, child_env, group_command, trial_command
 
-    exp = load_experiment(_experiment(tmp_path, {**BASE, "seeds": [0, 1]}))
+    exp = load_experiment(_experiment(tmp_path, {**BASE, "seeds": [0, 1], "analyze": {
+        "what": ["ablate", "prune"], "max_batches": 1, "gate_targets": "0.5,0.25"}}))
+    assert analysis_command(exp, "w/t") == [sys.executable, "-m", "attn_lab.analysis", "--workdir", "w/t",
+                                            "--what=ablate,prune", "--max-batches=1", "--gate-targets=0.5,0.25"]
     first, second = exp.trials()
     one = trial_command(exp, first, "w", ["--config.train.num_steps=2"])
     assert one[:3] == [sys.executable, "-m", "attn_lab.train"] and one[3:5] == ["--config", exp.config]
