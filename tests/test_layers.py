@@ -4,7 +4,12 @@ packages import each other without a cycle.
 
 Layers, low to high: the top-level utility modules (attn_lab/*.py) -> attention -> data -> models -> train ->
 analysis -> reporting -> sweep. A module may import its own layer and any lower one, so each layer can be read,
-tested and forked without the ones above it.
+tested and forked without the ones above it. A package's ``__main__`` (its command: ``python -m attn_lab.reporting``)
+sits above every layer: it may import any of them, and no module imports it.
+
+The library launches commands as ``python -m attn_lab.<package>``, never a script by path: no string in its code
+(docstrings aside) names ``scripts/train.py``, ``scripts/analyze_heads.py`` or ``scripts/make_tables.py``, so an
+installed package or one on the path needs no scripts/ folder.
 """
 
 import ast
@@ -56,11 +61,28 @@ def imported(tree: ast.AST, module: str, is_package: bool) -> set[tuple[int, str
     return {(line, name) for line, name in out if name == "attn_lab" or name.startswith("attn_lab.")}
 
 
-def edges() -> list[tuple[str, str, str]]:
-    """(importing unit, ``file:line``, imported module) for every attn_lab import between different top-level
-    units."""
+def is_entry_point(module: str) -> bool:
+    """``attn_lab.reporting.__main__``: a command, above every layer."""
+    return module.rpartition(".")[2] == "__main__"
+
+
+def all_imports() -> list[tuple[str, str, str]]:
+    """(importing module, ``file:line``, imported module) for every attn_lab import in the package."""
     out = []
     for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for line, target in sorted(imported(tree, module, path.name == "__init__.py")):
+            out.append((module, f"{path.relative_to(PACKAGE.parent)}:{line}", target))
+    return out
+
+
+def edges() -> list[tuple[str, str, str]]:
+    """(importing unit, ``file:line``, imported module) for every attn_lab import between different top-level
+    units, entry points (``__main__``) left out: they may import any layer."""
+    out = []
+    for module, path in MODULES.items():
+        if is_entry_point(module):
+            continue
         tree = ast.parse(path.read_text(), str(path))
         for line, target in sorted(imported(tree, module, path.name == "__init__.py")):
             if unit(target) != unit(module):
@@ -84,6 +106,13 @@ def test_no_module_imports_a_higher_layer():
     upward = [f"{where} imports {target} ({source} -> {unit(target)})" for source, where, target in edges()
               if layer(unit(target)) > layer(source)]
     assert not upward, "imports must only point down:\n" + "\n".join(upward)
+
+
+def test_no_module_imports_an_entry_point():
+    """A package's ``__main__`` defines absl flags when imported: only ``python -m`` (or a console script) loads it."""
+    into = [f"{where} imports {target}" for module, where, target in all_imports()
+            if is_entry_point(target) and target != module]
+    assert not into, "\n".join(into)
 
 
 def test_no_cycle_between_top_level_packages():
@@ -117,3 +146,46 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                                           ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c", "a"])])
 def test_find_cycle(graph, cycle):
     assert find_cycle(graph) == cycle
+
+
+LAUNCHED_BY_MODULE = ("scripts/train.py", "scripts/analyze_heads.py", "scripts/make_tables.py")
+
+
+def code_strings(tree: ast.AST) -> list[ast.Constant]:
+    """Every string constant of ``tree`` but the docstrings (of the module, classes and functions); f-string parts
+    included."""
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings]
+
+
+def script_paths(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, string) of the code strings naming a script that has a ``python -m`` entry point: as a path
+    (``'scripts/train.py'``) or as its file name, as ``os.path.join(root, 'scripts', 'train.py')`` spells it."""
+    names = {path.rpartition("/")[2] for path in LAUNCHED_BY_MODULE}
+    return [(node.lineno, node.value) for node in code_strings(tree)
+            if node.value in names or any(path in node.value for path in LAUNCHED_BY_MODULE)]
+
+
+def test_the_script_path_check_sees_paths_and_joined_names_but_not_docstrings():
+    source = ('"""Run scripts/train.py."""\n'
+              'def f(root):\n    """scripts/analyze_heads.py"""\n'
+              '    a = [sys.executable, "scripts/train.py"]  # a comment: scripts/make_tables.py\n'
+              '    b = os.path.join(root, "scripts", "analyze_heads.py")\n'
+              '    c = f"{root}/scripts/make_tables.py"\n'
+              '    return [sys.executable, "-m", "attn_lab.analysis"]\n')
+    assert script_paths(ast.parse(source)) == [(4, "scripts/train.py"), (5, "analyze_heads.py"),
+                                               (6, "/scripts/make_tables.py")]
+
+
+def test_no_module_launches_a_script_by_path():
+    """Trials, the analysis and the tables run as ``python -m attn_lab.<package>`` (the same code wherever the
+    package is installed), so the library never names the wrapper scripts outside its docstrings."""
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}: {text!r}" for path in MODULES.values()
+             for line, text in script_paths(ast.parse(path.read_text(), str(path)))]
+    assert not found, "launch python -m attn_lab.<package> instead:\n" + "\n".join(found)
