@@ -1,9 +1,9 @@
 """Head-diversity regularizers (Li et al. 2018; a map-cosine hinge) against the baseline, on numbers translation.
 
-  python scripts/sweep.py --config experiments/diversity.py:quick --workdir runs/diversity --vmap-seeds
-  python scripts/make_tables.py runs/diversity
+  python scripts/sweep.py --experiment experiments/diversity.py:quick --workdir runs/diversity --vmap-seeds
+  python scripts/make_tables.py --workdir runs/diversity
 
-Per variant: BLEU and exact match, the mean pairwise similarity of head attention maps (analyze_heads diagnose),
+Per variant: BLEU and exact match, the mean pairwise similarity of head attention maps (the analysis' diagnose),
 and how many heads can be pruned (importance order) within 1 BLEU of the unpruned model.
 
 Paper table: Li et al. 2018 ("Multi-Head Attention with Disagreement Regularization"), BLEU without and with the

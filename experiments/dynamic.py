@@ -1,13 +1,13 @@
 """Dynamic attention: softmax vs 1.5-entmax vs learned-alpha entmax vs adaptive span, with its own table.
 
-  python scripts/sweep.py --config experiments/dynamic.py:quick --workdir runs/dynamic --vmap-seeds
-  python scripts/make_tables.py runs/dynamic
-  python scripts/sweep.py --config experiments/dynamic.py:listops_quick --workdir runs/dynamic_listops --vmap-seeds
+  python scripts/sweep.py --experiment experiments/dynamic.py:quick --workdir runs/dynamic --vmap-seeds
+  python scripts/make_tables.py --workdir runs/dynamic
+  python scripts/sweep.py --experiment experiments/dynamic.py:listops_quick --workdir runs/dynamic_listops --vmap-seeds
 
 Self-contained: the sweep (``get_experiment``), its report (``report``) and the published numbers it prints beside
-ours all live in this file; make_tables finds ``report`` here. Every trial runs ``analyze_heads --what diagnose``,
-whose ``diagnose.json`` gives the share of exactly-zero attention weights per head; the learned spans and alphas
-come from each run's results.json (``learned``).
+ours all live in this file; make_tables finds ``report`` here. Every trial runs ``python -m attn_lab.analysis
+--what diagnose``, whose ``diagnose.json`` gives the share of exactly-zero attention weights per head; the learned
+spans and alphas come from each run's results.json (``learned``).
 
 Correia et al. 2019 ("Adaptively Sparse Transformers") replace softmax by alpha-entmax in every attention kind;
 Sukhbaatar et al. 2019 ("Adaptive Attention Span in Transformers") learn a span per head in self-attention (the

@@ -1,7 +1,7 @@
 """Head-count ablation (Vaswani et al. 2017, Table 3): numbers translation, one sweep for every row.
 
-  python scripts/sweep.py --config experiments/head_count.py:quick --workdir runs/head_count --vmap-seeds
-  python scripts/make_tables.py runs/head_count
+  python scripts/sweep.py --experiment experiments/head_count.py:quick --workdir runs/head_count --vmap-seeds
+  python scripts/make_tables.py --workdir runs/head_count
 
 Rows ``A-h<h>``: h heads at a fixed width, d_k = d_model / h (Table 3 rows A). Rows ``B-h<h>``: d_k fixed at the
 A-h4 value while h varies (rows B style: capacity grows with h). ``MQA-h8`` / ``GQA-h8-kv2``: 8 query heads

@@ -1,11 +1,11 @@
 """Head importance and pruning (Michel et al. 2019) and L0 gates (Voita et al. 2019) on numbers translation.
 
-  python scripts/sweep.py --config experiments/pruning.py:quick --workdir runs/pruning --vmap-seeds
-  python scripts/make_tables.py runs/pruning
+  python scripts/sweep.py --experiment experiments/pruning.py:quick --workdir runs/pruning --vmap-seeds
+  python scripts/make_tables.py --workdir runs/pruning
 
-Trains the baseline (one trial per seed), then runs scripts/analyze_heads.py on each: single-head masking and
-all-but-one tables, pruning curves (importance vs reverse vs random), the structural speed-up at 50% of heads,
-and gates trained from the baseline to keep 50% and 25% of heads.
+Trains the baseline (one trial per seed), then runs the head analysis (``python -m attn_lab.analysis``, flags from
+``analyze``) on each: single-head masking and all-but-one tables, pruning curves (importance vs reverse vs random),
+the structural speed-up at 50% of heads, and gates trained from the baseline to keep 50% and 25% of heads.
 
 Paper tables: Michel et al. 2019 ("Are Sixteen Heads Really Better than One?") Table 2 and its pruning curves and
 speed-up, Voita et al. 2019 ("Analyzing Multi-Head Self-Attention") heads kept vs BLEU; numbers copied from those

@@ -1,8 +1,8 @@
 """Efficient attention on ListOps at sequence length >= 1K (Long Range Arena style), one trial per kernel.
 
-  python scripts/sweep.py --config experiments/variants.py:quick --workdir runs/variants --vmap-seeds
+  python scripts/sweep.py --experiment experiments/variants.py:quick --workdir runs/variants --vmap-seeds
   python scripts/bench_attention.py --out bench/attention     # speed and memory ratios for the same kernels
-  python scripts/make_tables.py runs/variants --bench bench/attention.csv
+  python scripts/make_tables.py --workdir runs/variants --bench bench/attention.csv
 
 Paper table: Long Range Arena (Tay et al. 2020), ListOps accuracy and speed / memory vs the Transformer at 1K and
 4K; numbers copied from that paper (below). Self-contained: sweep, report and published numbers all live in this
