@@ -58,8 +58,19 @@ def test_console_scripts_name_the_package_entry_points():
     (checked from the source: importing both would define their absl flags twice in this process)."""
     text = open(os.path.join(ROOT, "setup.py")).read()
     scripts = dict(re.findall(r'"(attn-\w+) = ([\w.]+:\w+)"', text))
-    assert scripts == {"attn-train": "attn_lab.train.__main__:run", "attn-sweep": "attn_lab.sweep.__main__:run"}
+    assert scripts == {"attn-train": "attn_lab.train.__main__:run", "attn-sweep": "attn_lab.sweep.__main__:run",
+                       "attn-analyze": "attn_lab.analysis.__main__:run", "attn-tables": "attn_lab.reporting.__main__:run"}
     for target in scripts.values():
         module, function = target.split(":")
         source = os.path.join(ROOT, *module.split(".")) + ".py"
         assert function in {n.name for n in ast.parse(open(source).read()).body if isinstance(n, ast.FunctionDef)}
+
+
+def test_every_source_folder_is_a_package_find_packages_ships():
+    """A folder of modules without ``__init__.py`` works in an editable install and vanishes from a wheel."""
+    from setuptools import find_packages
+
+    shipped = set(find_packages(ROOT, include=["attn_lab", "attn_lab.*"]))
+    folders = {os.path.relpath(d, ROOT).replace(os.sep, ".") for d, _, files in os.walk(os.path.join(ROOT, "attn_lab"))
+               if any(f.endswith(".py") for f in files)}
+    assert folders <= shipped, sorted(folders - shipped)

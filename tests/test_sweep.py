@@ -259,7 +259,7 @@ def test_wandb_grid_export_maps_every_agent_run_to_exactly_one_trial(tmp_path):
     assert len(runs) == len(exp.trials()) == 2 * 2 * 3
     assert sorted(mapped) == sorted(t.name for t in exp.trials())  # a bijection: each trial exactly once
     assert "--wandb-trial" in definition["command"] and "${args_json}" in definition["command"]
-    assert definition["command"][3:5] == ["--experiment", f"{path}:quick"]
+    assert definition["command"][2:6] == ["-m", "attn_lab.sweep", "--experiment", f"{path}:quick"]
 
 
 def test_trials_run_the_package_entry_point_not_a_script_path(tmp_path):

@@ -34,9 +34,10 @@ def sweep_definition(exp: Experiment, spec: str, workdir: str, extra: list[str] 
         values = [point[keys[0]] if len(keys) == 1 else [point[k] for k in keys] for point in axis]
         parameters[ZIP_SEP.join(keys)] = {"values": _plain(values)}
     parameters["seed"] = {"values": list(exp.seeds)}
-    command = ["${env}", "${interpreter}", "${program}", "--experiment", spec, "--workdir", workdir,
+    # the agent runs the package's entry point (``program`` is W&B's required label; the command does not use it)
+    command = ["${env}", "${interpreter}", "-m", "attn_lab.sweep", "--experiment", spec, "--workdir", workdir,
                "--config.wandb.mode=online", *extra, "--wandb-trial", "${args_json}"]
-    return {"name": exp.name, "method": "grid", "program": "scripts/sweep.py", "parameters": parameters,
+    return {"name": exp.name, "method": "grid", "program": "attn_lab.sweep", "parameters": parameters,
             "command": command}
 
 

@@ -1,0 +1,1 @@
+"""Tables from finished sweeps: each experiment file's report renders through these shared helpers and verdicts."""
