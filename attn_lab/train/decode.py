@@ -1,5 +1,6 @@
 """Greedy decoding: through the decoder's preallocated KV cache (one token per step, one compiled loop), or -- for
-decoder kernels with no cached mode (local, sparse, lsh) -- by re-running the causal decoder over the prefix."""
+decoder kernels with no cached mode (local, sparse, lsh) -- by re-running the causal decoder over the prefix.
+:func:`compile_decode` picks greedy or beam search (:mod:`attn_lab.train.beam`) from the eval config."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attn_lab.models.transformer import BOS, EOS, Ctx
+from attn_lab.train.beam import beam_search, beam_search_uncached
 from attn_lab.train.seeds import seed_map
 from attn_lab.train.steps import merge
 
@@ -70,11 +72,18 @@ def supports_cached_decoding(model: nnx.Module) -> bool:
     return all(block.self_attn.kernel.supports_decode for block in model.decoder.blocks)
 
 
-def compile_decode(graphdef: Any, max_len: int, cached: bool = True, num_seeds: int | None = None):
-    """The jitted greedy decoder for one model graph (``cached=False``: :func:`greedy_decode_uncached`).
+def compile_decode(graphdef: Any, max_len: int, cached: bool = True, num_seeds: int | None = None,
+                   beam_size: int = 1, length_penalty: float = 0.6):
+    """The jitted decoder for one model graph: greedy for ``beam_size=1`` (``cached=False``:
+    :func:`greedy_decode_uncached`), else :mod:`attn_lab.train.beam`'s beam search with GNMT length penalty
+    ``length_penalty`` (``config.eval.beam_size`` / ``config.eval.length_penalty``).
 
     ``num_seeds``: decode a state with a leading seed axis (the trainer's), inputs shared by all seeds, giving
     ``[S, B, max_len]``; None: a plain state.
     """
-    fn = functools.partial(greedy_decode if cached else greedy_decode_uncached, graphdef=graphdef, max_len=max_len)
+    if beam_size == 1:  # greedy's own program: every greedy number stays what it was
+        fn = functools.partial(greedy_decode if cached else greedy_decode_uncached, graphdef=graphdef, max_len=max_len)
+    else:
+        fn = functools.partial(beam_search if cached else beam_search_uncached, graphdef=graphdef, max_len=max_len,
+                               beam_size=beam_size, length_penalty=length_penalty)
     return jax.jit(fn if num_seeds is None else seed_map(fn, num_seeds, (0, None)))
