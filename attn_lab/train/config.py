@@ -84,7 +84,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.parallel = ml_collections.ConfigDict({  # data parallel over all devices; multi-host (attn_lab/train/parallel.py)
         "shard_params": False, "distributed": False, "coordinator_address": config_dict.placeholder(str),
         "num_processes": config_dict.placeholder(int), "process_id": config_dict.placeholder(int)})
-    c.eval = ml_collections.ConfigDict({"bleu_tokenize": "13a"})  # sacrebleu tokenizer ('char' for one-word targets)
+    c.eval = ml_collections.ConfigDict({
+        "bleu_tokenize": "13a",  # sacrebleu tokenizer ('char' for one-word targets)
+        "beam_size": 1,  # 1: greedy decoding; Vaswani et al. used 4 (attn_lab/train/beam.py)
+        "length_penalty": 0.6,  # GNMT's alpha, ranking beams by log P / ((5 + |Y|) / 6)^alpha; unused at beam 1
+    })
     c.wandb = ml_collections.ConfigDict({"mode": "offline", "project": "attn_lab",
                                          "group": config_dict.placeholder(str), "tags": (),
                                          "name": config_dict.placeholder(str)})
@@ -135,7 +139,9 @@ SCALARS: dict[str, tuple] = {
     "heads.gates.anneal": _rule(float, "in [0, 1] (a share of train.num_steps)", lambda v: 0 <= v <= 1),
     "parallel.coordinator_address": _OPTIONAL_STR, "parallel.num_processes": _OPTIONAL_POSITIVE_INT,
     "parallel.process_id": _rule(int, ">= 0", lambda v: v >= 0, optional=True),
-    "eval.bleu_tokenize": _STR, "wandb.mode": _STR, "wandb.project": _rule(str, "non-empty", lambda v: v.strip()),
+    "eval.bleu_tokenize": _STR, "eval.beam_size": _rule(int, ">= 1 (1: greedy decoding)", lambda v: v >= 1),
+    "eval.length_penalty": _NON_NEGATIVE,
+    "wandb.mode": _STR, "wandb.project": _rule(str, "non-empty", lambda v: v.strip()),
     "wandb.group": _OPTIONAL_STR, "wandb.name": _OPTIONAL_STR,
 }
 

@@ -44,11 +44,14 @@ class FinishedRun:
         return model_class(self.kind).GENERATES
 
     def decode_scorer(self, batches: list[dict], split: str, metric: str) -> Callable:
-        """A :data:`~attn_lab.analysis.importance.Scorer` that greedy-decodes ``batches`` (the first batches of
-        ``split``) under head masks: per-example exact match, and the corpus value ``metric`` ('bleu' or
+        """A :data:`~attn_lab.analysis.importance.Scorer` that decodes ``batches`` (the first batches of ``split``)
+        under head masks as the run's evaluation did (``eval.beam_size``, ``eval.length_penalty``; runs from before
+        those keys decoded greedily): per-example exact match, and the corpus value ``metric`` ('bleu' or
         'exact_match')."""
         decode = compile_decode(self.graphdef, self.task.max_target_length,
-                                supports_cached_decoding(merge(self.graphdef, self.state)))
+                                supports_cached_decoding(merge(self.graphdef, self.state)),
+                                beam_size=self.config.eval.get("beam_size", 1),
+                                length_penalty=self.config.eval.get("length_penalty", 0.6))
         refs = self.task.references(split)
 
         def score(state, masks):

@@ -96,7 +96,8 @@ class Run:
                                                         num_steps=config.train.num_steps,
                                                         loss_cfg=config.loss)
         self.decode = (compile_decode(self.graphdef, self.task.max_target_length, supports_cached_decoding(models[0]),
-                                      num_seeds=n) if models[0].GENERATES else None)
+                                      num_seeds=n, beam_size=config.eval.beam_size,
+                                      length_penalty=config.eval.length_penalty) if models[0].GENERATES else None)
         self.capture = (jax.jit(seed_map(capture_step(self.graphdef), n, (0, None)))
                         if config.heads.track else None)
         states = [init_state(nnx.to_pure_dict(nnx.state(m, nnx.Param)), model_state(m), tx, s)
@@ -118,7 +119,8 @@ class Run:
             logger.log(step, {k: float(np.asarray(v)[i]) for k, v in metrics.items()})
 
     def evaluate(self, split: str) -> list[dict[str, float]]:
-        """Per seed: loss and accuracy on ``split``; translation adds greedy-decoded BLEU and exact match."""
+        """Per seed: loss and accuracy on ``split``; translation adds BLEU and exact match of the decoded outputs
+        (greedy, or beam search with ``eval.beam_size > 1``)."""
         tcfg, state, n = self.config.train, self.state, len(self.seeds)
         sums, hyps = {k: np.zeros(n) for k in ("loss", "correct", "weight")}, [[] for _ in range(n)]
         batches = self.task.dataset(split, tcfg.batch_size, train=False, shard=self.parallel.shard)  # this host's rows
