@@ -14,7 +14,9 @@ the exact-equality checks hold on CPU and GPU alike.
 """
 
 import functools
+import importlib.util
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +31,13 @@ from attn_lab.models.transformer import EOS, PAD
 from attn_lab.train.beam import beam_search, beam_search_uncached
 from attn_lab.train.config import base_config, validate_config
 from attn_lab.train.decode import compile_decode, greedy_decode, greedy_decode_uncached
+from attn_lab.train.metrics import translation_scores
+from attn_lab.train.restore import load_finished_run
 from attn_lab.train.seeds import stack
 from attn_lab.train.steps import merge, model_state
+from attn_lab.train.trainer import train_and_evaluate
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, T = 12, 8  # vocabulary incl. PAD/BOS/EOS, longest output
 
 
@@ -227,3 +233,37 @@ def test_bad_eval_values_give_one_line_error(key, value, message):
     with pytest.raises(ValueError) as err:
         validate_config(ml_collections.ConfigDict(config))
     assert str(err.value) == message
+
+
+def _tiny_numbers(data_dir):
+    """configs/numbers.py:quick shrunk to a few steps of a one-layer model."""
+    spec = importlib.util.spec_from_file_location("numbers_config", os.path.join(ROOT, "configs", "numbers.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config("quick")
+    c.task.data_dir, c.task.max_value, c.wandb.mode = data_dir, 299, "disabled"
+    c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.num_heads = 1, 32, 64, 4
+    c.train.update(dict(num_steps=4, batch_size=16, warmup_steps=2, log_every=2, eval_every=4, checkpoint_every=4,
+                        max_eval_batches=2))
+    return c
+
+
+def test_run_config_reaches_the_trainer_and_the_analysis_decoder(tmp_path, data_dir):
+    """``eval.beam_size=3`` in a run's config: the trainer's test BLEU (results.json) and the restored run's
+    analysis scorer on the same batches both equal the BLEU of beam search called directly, which differs from
+    greedy decoding's here."""
+    config = _tiny_numbers(data_dir)
+    config.eval.beam_size, config.eval.length_penalty = 3, 1.0
+    results = train_and_evaluate(config, str(tmp_path / "run"))
+    run = load_finished_run(str(tmp_path / "run"))
+    batches, refs = run.batches("test", config.train.max_eval_batches), run.task.references("test")
+
+    def bleu(**search):
+        decode = compile_decode(run.graphdef, run.task.max_target_length, **search)
+        hyps = [run.task.decode(row) for b in batches for row in np.asarray(decode(run.state, b["inputs"]))]
+        return translation_scores(hyps[: len(refs)], refs[: len(hyps)], config.eval.bleu_tokenize)["bleu"]
+
+    want = bleu(beam_size=3, length_penalty=1.0)
+    assert want != bleu()  # greedy decodes differently: the check below can tell which one ran
+    assert results["final"]["test"]["bleu"] == pytest.approx(want)
+    assert run.decode_scorer(batches, "test", "bleu")(run.state, {})[1] == pytest.approx(want)
