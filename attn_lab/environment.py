@@ -72,7 +72,7 @@ def environment() -> dict[str, Any]:
 
 
 def describe(env: dict[str, Any]) -> str:
-    """One line naming an environment block, e.g. ``python 3.12.1, jax 0.12.0.1, flax 0.12.12, ... cpu x2 @ 1a2b3c4``."""
+    """One line naming an environment block, e.g. ``python 3.12.1, jax 0.12.0.1, flax 0.12.12, ... cpu x2 @ 1a2b3c``."""
     pkgs = env.get("packages", {})
     names = ", ".join(f"{k} {v}" for k, v in pkgs.items() if v is not None)
     git = env.get("git") or {}

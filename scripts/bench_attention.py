@@ -11,7 +11,8 @@ Each case is one jitted ``grad`` of ``sum(attention(q, k, v) * dout)`` on random
 ``implementation='cudnn'``; measured whenever a tiny call compiles, i.e. on an NVIDIA GPU at bfloat16/float16, and
 omitted with one printed line otherwise) and a full ``flax.nnx.MultiHeadAttention`` layer (d_model = heads *
 head_dim, so it adds the four projections). ``dense`` is benchmarked with its default options (what a user gets),
-plus its 'xla' and 'chunked' implementations as separate rows. Inputs, and the kernels' compute, are ``--dtype``. Each case is compiled ahead of time; ``compiled.memory_analysis()`` gives its memory
+plus its 'xla' and 'chunked' implementations as separate rows. Inputs, and the kernels' compute, are ``--dtype``.
+Each case is compiled ahead of time; ``compiled.memory_analysis()`` gives its memory
 before anything is allocated, so cases over ``--max-gib`` are recorded as ``oom`` instead of run, and the T x T
 cases whose score matrices obviously cannot fit (estimate ``3 * B*N*T*T*4`` bytes) are skipped before compiling.
 Time is one warm-up run, then the median of a few more (fewer at long lengths, and none when the warm-up alone
@@ -54,8 +55,8 @@ from attn_lab.cli import DEFINE_integer_list, main_args, parse_flags  # noqa: E4
 REF = "jax.nn.dot_product_attention"  # XLA's implementation
 CUDNN = "jax.nn.dot_product_attention/cudnn"  # cuDNN flash attention (GPU, half precision)
 FLAX = "flax.nnx.MultiHeadAttention"
-LINEAR_KERNELS = ("local", "linformer", "performer", "linear")
-SPANS = (64, 256, 1024)  # adaptive_span rows: learned spans fixed at these (plus its ramp of 32)  # the targets' linear-complexity kernels
+LINEAR_KERNELS = ("local", "linformer", "performer", "linear")  # the targets' linear-complexity kernels
+SPANS = (64, 256, 1024)  # adaptive_span rows: learned spans fixed at these (plus its ramp of 32)
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 MEMORY_NOTE = "compiled.memory_analysis(): temp_bytes=temp_size_in_bytes; total_bytes=temp+argument+output"
 

@@ -53,7 +53,8 @@ def run_mode(mode: str, extra: list[str]) -> dict:
     metric = next(k for k in ("test_exact_match", "test_accuracy") if k in rows[0])
     values = [float(r[metric]) for r in rows]
     return {"mode": mode, "trials": len(rows), "wall_sec": wall, "trials_per_hour": len(rows) * 3600 / wall,
-            "metric": metric, "mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0}
+            "metric": metric, "mean": statistics.mean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0}
 
 
 def table(results: list[dict]) -> str:

@@ -219,9 +219,9 @@ def environment_summary(out: str, step: dict) -> tuple[str, list[str]]:
 
 
 SUMMARIES: dict[str, Callable[[str, dict], tuple[str, list[str]]]] = {
-    "environment": environment_summary, "tests": tests_summary, "attention": attention_summary, "train_default": train_summary,
-    "train_large": train_summary, "loop": loop_summary, "numbers_1seed": numbers_summary,
-    "numbers_8seeds": numbers_summary}
+    "environment": environment_summary, "tests": tests_summary, "attention": attention_summary,
+    "train_default": train_summary, "train_large": train_summary, "loop": loop_summary,
+    "numbers_1seed": numbers_summary, "numbers_8seeds": numbers_summary}
 
 
 def summarize(out: str, step: dict) -> tuple[str, list[str]]:

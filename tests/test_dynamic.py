@@ -13,9 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-from attn_lab.train import diagnostics
 from attn_lab.models import attention_layers, build_model
-from attn_lab.train import learned
+from attn_lab.train import diagnostics, learned
 from attn_lab.train.config import base_config, validate_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

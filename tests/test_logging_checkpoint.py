@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn_lab.train.checkpoint import Checkpointer
 from attn_lab.io import write_json_atomic
+from attn_lab.train.checkpoint import Checkpointer
 from attn_lab.train.logging import MetricLogger, check_wandb_mode
 
 

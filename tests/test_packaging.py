@@ -59,7 +59,8 @@ def test_console_scripts_name_the_package_entry_points():
     text = open(os.path.join(ROOT, "setup.py")).read()
     scripts = dict(re.findall(r'"(attn-\w+) = ([\w.]+:\w+)"', text))
     assert scripts == {"attn-train": "attn_lab.train.__main__:run", "attn-sweep": "attn_lab.sweep.__main__:run",
-                       "attn-analyze": "attn_lab.analysis.__main__:run", "attn-tables": "attn_lab.reporting.__main__:run"}
+                       "attn-analyze": "attn_lab.analysis.__main__:run",
+                       "attn-tables": "attn_lab.reporting.__main__:run"}
     for target in scripts.values():
         module, function = target.split(":")
         source = os.path.join(ROOT, *module.split(".")) + ".py"

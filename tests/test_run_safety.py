@@ -15,12 +15,11 @@ import subprocess
 import sys
 
 import pytest
-
 from test_logging_checkpoint import _assert_state_equal, _state
 from test_trainer import ROOT, data_dir, tiny_numbers  # noqa: F401 (data_dir: the module's prepared data)
 
 from attn_lab.train import trainer
-from attn_lab.train.checkpoint import CheckpointError, Checkpointer
+from attn_lab.train.checkpoint import Checkpointer, CheckpointError
 from attn_lab.train.trainer import Run, TaskError, train_and_evaluate
 from attn_lab.train.workdir import WorkdirBusy, WorkdirLock
 

@@ -62,9 +62,11 @@ def test_one_run_writes_results_metrics_wandb_and_checkpoints(tmp_path, data_dir
     steps = [line["step"] for line in _lines(tmp_path)]
     assert steps == sorted(steps) and steps[-1] == 12
     (run_file,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
-    records = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", run_file], capture_output=True, text=True,
-                             timeout=60).stdout  # the real offline W&B log: config, metrics, summary
-    assert '"num_heads":4' in records and '"environment"' in records and "train/loss" in records and f'"num_params":{results["num_params"]}' in records
+    # the real offline W&B log: config, metrics, summary
+    records = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", run_file],
+                             capture_output=True, text=True, timeout=60).stdout
+    assert '"num_heads":4' in records and '"environment"' in records and "train/loss" in records
+    assert f'"num_params":{results["num_params"]}' in records
     assert Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 12
 
 

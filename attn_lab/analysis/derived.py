@@ -29,7 +29,8 @@ def derived_config(config: Any, source: str, steps: int, name: str) -> Any:
 
 
 def finetune_masked(config: Any, source: str, masks: dict[str, np.ndarray], steps: int, workdir: str) -> str:
-    """Trains ``source``'s model with ``masks`` applied (pruned heads stay at zero) for ``steps``; returns the folder."""
+    """Trains ``source``'s model with ``masks`` applied (pruned heads stay at zero) for ``steps``; returns its
+    folder."""
     c = derived_config(config, source, steps, os.path.basename(workdir))
     for kind, mask in masks.items():
         c.model.kinds[kind].head_mask = head_mask_text(mask)

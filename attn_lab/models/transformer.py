@@ -115,7 +115,8 @@ class Block(nnx.Module):
         self.self_kind = self_kind
         self.self_attn = make_attention(cfg, self_kind, rngs=rngs)
         self.cross_attn = make_attention(cfg, "cross", rngs=rngs) if cross else nnx.data(None)
-        self.norms = nnx.List([nnx.LayerNorm(cfg.d_model, rngs=rngs, dtype=dtype(cfg)) for _ in range(3 if cross else 2)])
+        self.norms = nnx.List([nnx.LayerNorm(cfg.d_model, rngs=rngs, dtype=dtype(cfg))
+                               for _ in range(3 if cross else 2)])
         self.mlp = Mlp(cfg.d_model, cfg.mlp_dim, cfg.dropout, rngs=rngs, dtype=dtype(cfg))
         self.dropout = nnx.Dropout(cfg.dropout)
         self.post_ln = cfg.norm == "post"
@@ -147,7 +148,8 @@ class Stack(nnx.Module):
         self.embed = embed
         self.kinds = (self_kind, "cross") if cross else (self_kind,)
         self.blocks = nnx.List([Block(cfg, self_kind=self_kind, cross=cross, rngs=rngs) for _ in range(num_layers)])
-        self.final_norm = nnx.LayerNorm(cfg.d_model, rngs=rngs, dtype=dtype(cfg)) if cfg.norm == "pre" else nnx.data(None)
+        self.final_norm = (nnx.LayerNorm(cfg.d_model, rngs=rngs, dtype=dtype(cfg)) if cfg.norm == "pre"
+                           else nnx.data(None))
         self.dropout = nnx.Dropout(cfg.dropout)
         self.learned_pos = (nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (max_len, cfg.d_model)))
                             if cfg.positions == "learned" else nnx.data(None))

@@ -25,8 +25,14 @@ import sys
 from absl import flags
 
 from attn_lab.checks import check_seed, check_writable
-from attn_lab.cli import (DEFINE_integer_list, check_config_overrides, main_args, parse_flags, run_entry_point,
-                          split_config_overrides)
+from attn_lab.cli import (
+    DEFINE_integer_list,
+    check_config_overrides,
+    main_args,
+    parse_flags,
+    run_entry_point,
+    split_config_overrides,
+)
 from attn_lab.io import write_json_atomic
 from attn_lab.sweep.runner import collect, format_table, override_flags, run_sweep, write_csv
 from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from attn_lab.sweep.spec import Experiment, Trial
 from attn_lab.io import write_text_atomic
+from attn_lab.sweep.spec import Experiment, Trial
 
 ZIP_SEP = "+"
 

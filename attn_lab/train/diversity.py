@@ -33,8 +33,8 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import ml_collections
 import jax.numpy as jnp
+import ml_collections
 from flax import nnx
 
 from attn_lab.models import KINDS, attention_layers

@@ -42,7 +42,7 @@ def make_optimizer(tcfg: Any, gates: Any = None) -> optax.GradientTransformation
     model_tx = optax.adamw(learning_rate_schedule(tcfg), b1=0.9, b2=0.98, eps=1e-9, weight_decay=tcfg.weight_decay)
     if gates is None or not gates.enabled:
         return optax.chain(optax.clip_by_global_norm(tcfg.grad_clip), model_tx)
-    labels = lambda params: {k: jax.tree.map(lambda _: "gates" if k == "gates" else "model", v)
+    labels = lambda params: {k: jax.tree.map(lambda _, label="gates" if k == "gates" else "model": label, v)
                              for k, v in params.items()}
     return optax.chain(optax.clip_by_global_norm(tcfg.grad_clip),
                        optax.multi_transform({"model": model_tx, "gates": optax.adam(gates.lr)}, labels))
