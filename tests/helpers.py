@@ -12,12 +12,17 @@ Two random sources are kept apart on purpose, since the same seed gives differen
   (no compile per shape), as a jax array; ``np_randn_host`` is the same draw as a numpy array (float64 kept).
 """
 
+import importlib.util
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from attn_lab.attention import build_kernel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 # Keywords of a deterministic kernel call without dropout at the default precision.
 CALL = dict(dropout_rng=None, dropout_rate=0.0, broadcast_dropout=True, precision=None, deterministic=True)
@@ -73,3 +78,26 @@ def call_kernel(kernel, q, k, v, mask=None, is_causal=False, need_weights=False,
     ``deterministic=False`` takes a kernel's training-mode path (a performer's feature redraws)."""
     return kernel(q, k, v, mask=mask, is_causal=is_causal, need_weights=need_weights,
                   **{**CALL, "deterministic": deterministic})
+
+
+# --- configs -------------------------------------------------------------------------------------------------------
+
+def load_config(name, arg=""):
+    """``configs/<name>.py``'s ``get_config(arg)``, loaded by path as ml_collections' config flags load it."""
+    spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def tiny_numbers(data_dir, **train):
+    """A numbers config that trains in seconds: 1 layer, d_model 32, 4 heads, 12 steps, dropout on (resume checks
+    that dropout keys replay), evaluations and checkpoints at steps 6 and 12; ``train`` overrides ``config.train``."""
+    c = load_config("numbers", "quick")
+    c.task.data_dir, c.task.max_value = data_dir, 299
+    c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.num_heads = 1, 32, 64, 4
+    c.model.dropout = 0.1
+    c.train.update(dict(num_steps=12, batch_size=16, warmup_steps=4, log_every=2, eval_every=6,
+                        checkpoint_every=6, max_eval_batches=2))
+    c.train.update(train)
+    return c

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_trainer import tiny_numbers
 
 from attn_lab.analysis import importance
 from attn_lab.analysis.structural import heads_left, prune_model
@@ -18,6 +17,7 @@ from attn_lab.models import Ctx, build_model
 from attn_lab.train.config import base_config, validate_config
 from attn_lab.train.restore import load_finished_run
 from attn_lab.train.trainer import Run, train_and_evaluate
+from tests.helpers import tiny_numbers
 
 
 def _cfg(**model):

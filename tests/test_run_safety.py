@@ -16,12 +16,12 @@ import sys
 
 import pytest
 from test_logging_checkpoint import _assert_state_equal, _state
-from test_trainer import ROOT, data_dir, tiny_numbers  # noqa: F401 (data_dir: the module's prepared data)
 
 from attn_lab.train import trainer
 from attn_lab.train.checkpoint import Checkpointer, CheckpointError
 from attn_lab.train.trainer import Run, TaskError, train_and_evaluate
 from attn_lab.train.workdir import WorkdirBusy, WorkdirLock
+from tests.helpers import ROOT, tiny_numbers
 
 # A failed restore's abandoned TensorStore reads finish after the test that caused them at times; the library drops
 # their 'Event loop is closed' reports, but pytest swaps in its own unraisable hook per test and would warn.
@@ -52,7 +52,7 @@ class _Killed(BaseException):
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, data_dir):  # noqa: F811
+def finished(tmp_path_factory, data_dir):
     """A run killed right after logging its final test (before results.json), then finished by a rerun."""
     workdir = str(tmp_path_factory.mktemp("finished") / "run")
     config = tiny_numbers(data_dir)
@@ -233,7 +233,7 @@ time.sleep(600)
 
 
 def test_a_second_process_on_a_workdir_stops_in_one_line_and_a_dead_holder_s_lock_is_taken_over(
-        tmp_path, data_dir, capsys):  # noqa: F811
+        tmp_path, data_dir, capsys):
     workdir = str(tmp_path / "run")
     holder = subprocess.Popen([sys.executable, "-c", HOLD, workdir], stdout=subprocess.PIPE, text=True)
     try:
@@ -260,7 +260,7 @@ def test_a_second_process_on_a_workdir_stops_in_one_line_and_a_dead_holder_s_loc
     assert open(os.path.join(workdir, ".lock")).read() == ""
 
 
-def test_a_task_that_fails_to_load_leaves_no_workdir(tmp_path, data_dir, monkeypatch):  # noqa: F811
+def test_a_task_that_fails_to_load_leaves_no_workdir(tmp_path, data_dir, monkeypatch):
     def broken(*args):
         raise OSError("disk on fire")
 
@@ -270,7 +270,7 @@ def test_a_task_that_fails_to_load_leaves_no_workdir(tmp_path, data_dir, monkeyp
     assert not (tmp_path / "run").exists()
 
 
-def test_batch_size_is_checked_against_a_training_split_known_only_once_loaded(tmp_path, data_dir):  # noqa: F811
+def test_batch_size_is_checked_against_a_training_split_known_only_once_loaded(tmp_path, data_dir):
     """Run checks the loaded split itself (for bible, sentiment without a limit and tfds: tasks validation cannot);
     numbers with 240 training examples stands in, skipping validation."""
     config = tiny_numbers(data_dir, batch_size=256)

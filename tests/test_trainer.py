@@ -15,32 +15,8 @@ from attn_lab.data import load_task
 from attn_lab.train.checkpoint import Checkpointer
 from attn_lab.train.config import validate_config
 from attn_lab.train.trainer import Run, train_and_evaluate, train_seeds
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load_config(name, arg=""):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("data"))
-
-
-def tiny_numbers(data_dir, **train):
-    c = _load_config("numbers", "quick")
-    c.task.data_dir, c.task.max_value = data_dir, 299
-    c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.num_heads = 1, 32, 64, 4
-    c.model.dropout = 0.1  # exercise dropout keys on resume
-    c.train.update(dict(num_steps=12, batch_size=16, warmup_steps=4, log_every=2, eval_every=6,
-                        checkpoint_every=6, max_eval_batches=2))
-    c.train.update(train)
-    return c
+from tests.helpers import ROOT, tiny_numbers
+from tests.helpers import load_config as _load_config
 
 
 def _lines(workdir):
@@ -393,9 +369,9 @@ def test_vmapped_train_step_equals_one_step_per_seed(attention="performer"):
 
 DATA_PARALLEL = """
 import sys
-sys.path.insert(0, {tests!r})
+sys.path.insert(0, {root!r})
 import jax
-from test_trainer import tiny_numbers
+from tests.helpers import tiny_numbers
 from attn_lab.train.trainer import Run, train_and_evaluate
 assert len(jax.devices()) == 4
 for shard_params, workdir in ((False, {replicated!r}), (True, {fsdp!r})):
@@ -412,8 +388,8 @@ for shard_params, workdir in ((False, {replicated!r}), (True, {fsdp!r})):
 
 MULTI_HOST = """
 import sys
-sys.path.insert(0, {tests!r})
-from test_trainer import tiny_numbers
+sys.path.insert(0, {root!r})
+from tests.helpers import tiny_numbers
 from attn_lab.train.parallel import initialize_distributed
 c = tiny_numbers({data!r})
 c.wandb.mode = "disabled"
@@ -449,10 +425,10 @@ def test_data_parallel_over_four_devices_and_two_processes_equals_one_device(tmp
     load_task(tiny_numbers(data_dir).task, data_dir)  # prepared once, before three processes read it
     dirs = {"replicated": str(tmp_path / "dp"), "fsdp": str(tmp_path / "fsdp")}
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    devices = subprocess.Popen([sys.executable, "-c", DATA_PARALLEL.format(tests=os.path.join(ROOT, "tests"),
+    devices = subprocess.Popen([sys.executable, "-c", DATA_PARALLEL.format(root=ROOT,
                                                                              data=data_dir, **dirs)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    code = MULTI_HOST.format(tests=os.path.join(ROOT, "tests"), data=data_dir, address=f"localhost:{_free_port()}",
+    code = MULTI_HOST.format(root=ROOT, data=data_dir, address=f"localhost:{_free_port()}",
                              workdir=str(tmp_path / "hosts"))
     hosts = [subprocess.Popen([sys.executable, "-c", code, str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for i in range(2)]
