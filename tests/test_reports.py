@@ -58,11 +58,26 @@ def test_head_count_table_has_seed_spread_perplexity_and_vaswani(tmp_path):
     variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64},
                 "A-h8": {"model.num_heads": 8, "model.head_dim": 8},
                 "MQA-h8": {"model.num_heads": 8, "model.head_dim": 8, "model.num_kv_heads": 1}}
-    (table,) = REPORTS["head_count"](_rows(variants), str(tmp_path), _exp(variants), str(tmp_path))
+    table, verdicts = REPORTS["head_count"](_rows(variants), str(tmp_path), _exp(variants), str(tmp_path))
     md = table.markdown()
     assert "| A-h1 | 1 | 64 | 1 | 1000 | 0.51 ± 0.01 (3) |" in md and "5.29 / 24.9" in md and "4.92 / 25.8" in md
     assert f"{np.mean([math.exp(1.0), math.exp(1.1), math.exp(1.2)]):.3f}" in md  # perplexity = exp(test loss)
     assert "| MQA-h8 | 8 | 8 | 1 |" in md and (tmp_path / "head_count.png").exists()
+    # exact match: A-h1 is 0.1 below A-h8 on every seed (the paper's direction), MQA 0.1 above (outside the 0.02
+    # band of a 'costs little' finding)
+    by_row = {row[0]: row for row in verdicts.rows}
+    one_head = by_row["one head is worse than eight at fixed width (Table 3 A)"]
+    assert one_head[2:] == ["-0.100 [-0.100, -0.100] (3 seeds)", "reproduced"]
+    assert by_row["one shared key/value head costs little (Shazeer 2019)"][3] == "not reproduced"
+    assert "decides nothing" not in verdicts.note
+
+
+def test_head_count_demo_sized_run_says_it_decides_nothing(tmp_path):
+    variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64},
+                "A-h8": {"model.num_heads": 8, "model.head_dim": 8}}
+    rows = [r for r in _rows(variants) if r["seed"] < 2]
+    _, verdicts = REPORTS["head_count"](rows, str(tmp_path), _exp(variants), str(tmp_path))
+    assert verdicts.rows[0][3] == "inconclusive" and "decides nothing" in verdicts.note and "'quick'" in verdicts.note
 
 
 def test_diversity_table_reads_similarity_and_prunable_heads(tmp_path):

@@ -63,3 +63,18 @@ def test_too_few_pairs_or_no_interval_is_inconclusive():
     assert decide(UP, None) == "inconclusive"
     assert verdict_row(UP, None) == ["c", "p", "–", "inconclusive"]
     assert verdict_row(UP, Interval(0.02, 0.01, 0.03, 5))[2:] == ["+0.020 [+0.010, +0.030] (5 seeds)", "reproduced"]
+
+
+def test_by_seed_pairs_rows_by_their_seed_column_and_skips_missing_metrics():
+    from attn_lab.reporting.verdicts import by_seed
+
+    rows = [{"seed": 2, "m": 0.5}, {"seed": 0, "m": 0.7}, {"seed": 1, "m": None}, {"m": 0.9}]
+    assert by_seed(rows, "m") == {2: 0.5, 0: 0.7}
+
+
+def test_note_says_a_small_run_decides_nothing():
+    from attn_lab.reporting.verdicts import verdict_note
+
+    small = verdict_note([(UP, Interval(0.1, 0.0, 0.2, pairs=2))], "exact match")
+    assert "decides nothing" in small and "'quick' preset" in small
+    assert "decides nothing" not in verdict_note([(UP, Interval(0.1, 0.05, 0.2, pairs=5))], "exact match")

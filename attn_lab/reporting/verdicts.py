@@ -18,7 +18,7 @@ The rule (:func:`decide`), for a finding that says a change moves a metric up, d
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -106,3 +106,27 @@ def verdict_row(finding: Finding, diff: Interval | None, digits: int = 3) -> lis
 
 
 VERDICT_HEADER = ("finding", "paper", f"ours: mean diff [{LEVEL:.0%} paired bootstrap CI]", "verdict")
+RULE = (f"Verdict rule (attn_lab/reporting/verdicts.py): the {LEVEL:.0%} percentile bootstrap interval of the mean "
+        "per-seed difference lies wholly on the paper's side of zero -> reproduced; wholly on the other side, or "
+        "inside ± the margin where the paper reports an effect -> not reproduced; for 'no loss' findings, inside "
+        "± the margin -> reproduced, wholly outside -> not reproduced; otherwise, or with fewer than "
+        f"{MIN_PAIRS} paired seeds, inconclusive.")
+
+
+def by_seed(group: Sequence[Mapping], metric: str) -> dict[int, float]:
+    """``{seed: value}`` of a variant's finished rows (a sweep's ``seed`` axis pairs rows across variants)."""
+    return {int(r["seed"]): float(r[metric]) for r in group if r.get(metric) is not None and "seed" in r}
+
+
+def verdict_rows(checks: Sequence[tuple[Finding, Interval | None]], digits: int = 3) -> list[list[str]]:
+    return [verdict_row(finding, diff, digits) for finding, diff in checks]
+
+
+def verdict_note(checks: Sequence[tuple[Finding, Interval | None]], metric: str, preset_hint: str = "quick") -> str:
+    """The rule, the metric and margins, and -- when no comparison had enough seeds -- that the run decides nothing."""
+    margins = "; ".join(sorted({f"{f.margin:g}" for f, _ in checks}))
+    note = f"Differences in {metric} (compared row minus baseline, paired by seed), margin {margins}. {RULE}"
+    if all(diff is None or diff.pairs < MIN_PAIRS for _, diff in checks):
+        note += (f" This run has fewer than {MIN_PAIRS} paired seeds per comparison, so it decides nothing: run "
+                 f"the '{preset_hint}' preset for verdicts.")
+    return note
