@@ -150,6 +150,42 @@ def test_pruning_report_reads_curves_structural_and_gates(tmp_path):
     assert (tmp_path / "pruning_curves.png").exists()
 
 
+def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_path):
+    rows = _rows({"baseline": {}})
+    for row in rows:
+        analysis = tmp_path / row["trial"] / "analysis"
+        analysis.mkdir(parents=True)
+        s = row["seed"]  # seeds differ a lot; each seed's orders differ by the same amounts
+        curve = lambda at20, at30, s=s: [{"percent": 0.0, "score": 0.5 + 0.1 * s}, {"percent": 20.0, "score": at20},
+                                         {"percent": 30.0, "score": at30}]
+        (analysis / "prune.json").write_text(json.dumps({
+            "metric": "exact_match", "importance": curve(0.5 + 0.1 * s - 0.005, 0.45 + 0.1 * s),
+            "random": curve(0.4 + 0.1 * s, 0.3 + 0.1 * s)}))
+        spearman = {"all": 0.2 + 0.1 * s, "encoder_self": 0.7, "decoder_self": 0.9, "cross": None}
+        (analysis / "ablate.json").write_text(json.dumps({
+            "single_head": {}, "all_but_one": {}, "importance_vs_drop": {"batches": 2, "raw": spearman,
+                                                                         "normalized": spearman}}))
+    verdicts = experiment_pruning_verdicts(tmp_path, rows)
+    by_claim = {r[0]: r for r in verdicts.rows}
+    beats = by_claim["pruning by importance beats random pruning (at ~30% pruned)"]
+    free = by_claim["~20% of heads prune by importance almost for free (at ~20% pruned)"]
+    assert beats[2:] == ["+0.150 [+0.150, +0.150] (3 seeds)", "reproduced"]
+    assert free[2:] == ["-0.005 [-0.005, -0.005] (3 seeds)", "reproduced"]
+    diagnosis = experiment_pruning_diagnosis(tmp_path, rows)
+    assert diagnosis.rows[0][:4] == ["raw", "0.30 ± 0.10 (3)", "0.70 ± 0.00 (3)", "0.90 ± 0.00 (3)"]
+    assert diagnosis.rows[0][4] == "–" and "2 validation batches" in diagnosis.note  # no head moved cross: no rho
+
+
+def experiment_pruning_verdicts(sweep_dir, rows):
+    module = _load(os.path.join(ROOT, "experiments", "pruning.py"), "experiment_pruning_verdicts")
+    return module._verdicts(module._per_seed(str(sweep_dir), rows, "prune"))
+
+
+def experiment_pruning_diagnosis(sweep_dir, rows):
+    module = _load(os.path.join(ROOT, "experiments", "pruning.py"), "experiment_pruning_diagnosis")
+    return module._diagnosis(module._per_seed(str(sweep_dir), rows, "ablate"))
+
+
 def _with_failures(rows, failed_variant, partly_failed_variant):
     """Every seed of one variant failed, seed 2 of another did: rows as collect() writes them (no metrics)."""
     out = []

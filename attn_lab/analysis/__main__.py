@@ -134,8 +134,14 @@ def importance_step(a: Any) -> None:
 def ablate_step(a: Any) -> None:
     single = a.importance.single_head_ablation(a.run.state, a.shapes, a.score)
     keep_one = a.importance.all_but_one(a.run.state, a.shapes, a.score)
-    a.write("ablate.json", {"metric": a.args.metric, "single_head": single, "all_but_one": keep_one})
-    deltas = {k: single[k]["delta"] for k in a.shapes}
+    deltas = {k: np.asarray(single[k]["delta"]) for k in a.shapes}
+    diagnosis = {"batches": len(a.batches), **{
+        name: a.importance.importance_vs_drop(
+            a.importance.head_importance(a.run.state, a.batches, a.shapes, a.importance_sums, normalize), deltas)
+        for name, normalize in (("raw", False), ("normalized", True))}}
+    a.write("ablate.json", {"metric": a.args.metric, "single_head": single, "all_but_one": keep_one,
+                            "importance_vs_drop": diagnosis})
+    print("importance vs single-head drop (Spearman):", diagnosis)
     a.plots.grid_plot(os.path.join(a.out_dir, "ablate.png"), deltas, f"{a.args.metric} change with the head masked")
     a.logger.summary(_per_head("ablate_delta", deltas) | {
         f"all_but_one/{k}/L{r['layer']}": r["delta"] for k in a.shapes for r in keep_one[k]})

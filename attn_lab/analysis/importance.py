@@ -107,7 +107,7 @@ def importance_vs_drop(importance: dict[str, np.ndarray], deltas: dict[str, np.n
     out = {"all": rank_correlation(flat(importance), flat(deltas, -1.0))}
     for k in kinds:
         out[k] = rank_correlation(np.asarray(importance[k]), -np.asarray(deltas[k], np.float64))
-    return out
+    return {k: None if np.isnan(v) else v for k, v in out.items()}  # None: no head changed the metric (JSON-safe)
 
 
 def _valid(batch: dict) -> np.ndarray:

@@ -95,8 +95,9 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
-CHOICES = {"model.norm": ("pre", "post"), "model.dtype": ("float32", "bfloat16"), "model.positions": ("sinusoidal", "learned"),
-           "model.pooling": ("mean", "cls"), "train.schedule": ("rsqrt", "cosine")}
+CHOICES = {"model.norm": ("pre", "post"), "model.dtype": ("float32", "bfloat16"),
+           "model.positions": ("sinusoidal", "learned"), "model.pooling": ("mean", "cls"),
+           "train.schedule": ("rsqrt", "cosine")}
 TYPES = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
 
 

@@ -77,10 +77,11 @@ def load_finished_run(workdir: str) -> FinishedRun:
         config = ml_collections.ConfigDict(json.load(f))
     task = load_task(config.task, config.task.data_dir)
     max_len = max(task.max_input_length, task.max_target_length or 0) + 1
+    gates = config.get("heads", {}).get("gates")
     model = build_model(config.model, kind=task.kind, vocab_size=task.vocab.size, max_len=max_len,
-                        num_classes=task.num_classes, seed=config.seed, gates=config.get("heads", {}).get("gates"))
+                        num_classes=task.num_classes, seed=config.seed, gates=gates)
     graphdef, params, _ = nnx.split(model, nnx.Param, ...)
-    state = init_state(nnx.to_pure_dict(params), model_state(model), make_optimizer(config.train, config.get("heads", {}).get("gates")), config.seed)
+    state = init_state(nnx.to_pure_dict(params), model_state(model), make_optimizer(config.train, gates), config.seed)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
     try:
         step = ckpt.latest_step()

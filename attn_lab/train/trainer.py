@@ -23,23 +23,30 @@ from flax import nnx, traverse_util
 from attn_lab.attention.dispatch import describe_dispatch
 from attn_lab.data import load_task
 from attn_lab.environment import environment
+from attn_lab.io import write_json_atomic
 from attn_lab.models import build_model, count_params
 from attn_lab.models.gates import binary_gates
 from attn_lab.train import learned as learned_lib
 from attn_lab.train import metrics as metrics_lib
 from attn_lab.train.capture import as_layers, capture_step, track_summary
-from attn_lab.train.checkpoint import CheckpointError, Checkpointer
+from attn_lab.train.checkpoint import Checkpointer, CheckpointError
 from attn_lab.train.config import validate_config
 from attn_lab.train.decode import compile_decode, supports_cached_decoding
-from attn_lab.io import write_json_atomic
 from attn_lab.train.logging import METRICS_FILE, MetricLogger
 from attn_lab.train.parallel import DataParallel, main_process_first
 from attn_lab.train.prefetch import Prefetcher
 from attn_lab.train.restore import load_finished_run
 from attn_lab.train.seeds import seed_map, stack, stack_batches, unstack
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, merge, model_state
-from attn_lab.train.workdir import (RESULTS_FILE, TRAINING_FILE, RunError, describe, finished_results, lock_workdirs,
-                                    read_record)
+from attn_lab.train.workdir import (
+    RESULTS_FILE,
+    TRAINING_FILE,
+    RunError,
+    describe,
+    finished_results,
+    lock_workdirs,
+    read_record,
+)
 
 
 class ResumeError(RunError):
