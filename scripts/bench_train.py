@@ -152,7 +152,7 @@ def bench_model(args: types.SimpleNamespace) -> dict:
     graphdef, params, _ = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(c.train)
     state = stack([init_state(nnx.to_pure_dict(params), model_state(model), tx, 0)])
-    train_step, _ = compile_steps(graphdef, tx, Seq2Seq.KIND, c.train.label_smoothing)
+    train_step, _ = compile_steps(graphdef, tx, c.train.label_smoothing)
     batch = random_batch(args, 0)
     hw_flops = train_step.lower(state, batch).compile().cost_analysis()
     hw_flops = float((hw_flops[0] if isinstance(hw_flops, list) else hw_flops).get("flops", float("nan")))

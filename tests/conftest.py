@@ -77,7 +77,7 @@ def tiny_step():
         state = init_state(nnx.to_pure_dict(params), model_state(model), tx, 0)
         batch = {k: np.asarray(jax.random.randint(jax.random.key(i), (1, 4, length), 1, 20))
                  for i, k in enumerate(("inputs", "targets"))}
-        step, _ = compile_steps(graphdef, tx, "translation", 0.0, **compile_kwargs)
+        step, _ = compile_steps(graphdef, tx, 0.0, **compile_kwargs)
         return step, stack([state]), batch, graphdef
 
     return make

@@ -356,8 +356,8 @@ def test_vmapped_train_step_equals_one_step_per_seed(attention="performer"):
         states.append(init_state(nnx.to_pure_dict(params), model_state(model), tx, seed))
     batches = [{k: np.asarray(jax.random.randint(jax.random.key(10 * seed + i), (3, 8), 1, 20)) for i, k in
                 enumerate(("inputs", "targets"))} for seed in (0, 1)]
-    one, _ = compile_steps(graphdef, tx, "translation", 0.1, num_seeds=1)
-    both, _ = compile_steps(graphdef, tx, "translation", 0.1, num_seeds=2)
+    one, _ = compile_steps(graphdef, tx, 0.1, num_seeds=1)
+    both, _ = compile_steps(graphdef, tx, 0.1, num_seeds=2)
     joint, joint_metrics = both(stack(states), stack(batches))
     for i in (0, 1):
         alone, metrics = one(stack([states[i]]), stack([batches[i]]))

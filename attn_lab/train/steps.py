@@ -114,16 +114,12 @@ def eval_step(state: dict, batch: dict, *, graphdef: Any) -> dict:
     return {"loss": loss_sum, "correct": losses.correct(logits, labels, weights), "weight": weight_sum}
 
 
-def compile_steps(graphdef: Any, tx: optax.GradientTransformation, kind: str, label_smoothing: float,
+def compile_steps(graphdef: Any, tx: optax.GradientTransformation, label_smoothing: float,
                   num_seeds: int = 1, diversity: Any = None, gates: Any = None,
                   num_steps: int = 1, loss_cfg: Any = None) -> tuple[Callable, Callable]:
     """The jitted train step (state donated: updated in place) and eval step, over a leading seed axis of the state
-    (and of the train batch; eval batches are shared by all seeds).
-
-    ``kind``, the task kind, changes nothing here: the model in ``graphdef`` lays out its own batch
-    (``forward_batch``). It stays a positional argument because callers (tests' fixtures, benchmarks) pass it.
-    """
-    del kind
+    (and of the train batch; eval batches are shared by all seeds). No task kind: the model in ``graphdef`` lays out
+    its own batch (``forward_batch``)."""
     train = functools.partial(train_step, graphdef=graphdef, tx=tx, label_smoothing=label_smoothing,
                               diversity=diversity, gates=gates, num_steps=num_steps, loss_cfg=loss_cfg)
     evaluate = functools.partial(eval_step, graphdef=graphdef)

@@ -96,7 +96,7 @@ class Run:
         self.dispatch = describe_dispatch(models[0])  # which implementation each attention kind gets, for the log
         self.graphdef = nnx.split(models[0], nnx.Param, ...)[0]
         tx, n = make_optimizer(config.train, config.heads.gates), len(self.seeds)
-        self.train_step, self.eval_step = compile_steps(self.graphdef, tx, self.task.kind,
+        self.train_step, self.eval_step = compile_steps(self.graphdef, tx,
                                                         config.train.label_smoothing, num_seeds=n,
                                                         diversity=config.loss.diversity,
                                                         gates=config.heads.gates,
