@@ -18,7 +18,7 @@ import math
 import os
 
 from attn_lab.reporting.tables import Table, column, every_variant, mean_std, unfinished_table, with_status
-from attn_lab.reporting.verdicts import VERDICT_HEADER, Finding, by_seed, paired_bootstrap, verdict_note, verdict_rows
+from attn_lab.reporting.verdicts import Finding, variant_verdicts
 
 
 def _rows(d_model: int, heads: list[int], fixed_dk: int, b_heads: list[int]) -> dict:
@@ -93,18 +93,6 @@ FINDINGS = {
 }
 
 
-def verdicts(rows: list[dict], exp) -> Table | None:
-    """One verdict per finding whose row and baseline are in this sweep (see attn_lab/reporting/verdicts.py)."""
-    groups = {variant: g for variant, g, _ in every_variant(rows)}
-    if BASELINE not in groups:
-        return None
-    base = by_seed(groups[BASELINE], METRIC)
-    checks = [(f, paired_bootstrap(base, by_seed(groups[v], METRIC))) for v, f in FINDINGS.items() if v in groups]
-    if not checks:
-        return None
-    return Table("Verdicts", VERDICT_HEADER, verdict_rows(checks), verdict_note(checks, "test exact match"))
-
-
 def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     """Vaswani et al. Table 3 style: heads, d_k, key/value heads, params, BLEU, exact match, perplexity; a plot of
     exact match against h per family (rows A, rows B)."""
@@ -136,5 +124,6 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
             f"(Shazeer 2019): BLEU {MULTI_QUERY['mha']['bleu']} -> {MULTI_QUERY['mqa']['bleu']}; GQA-8 "
             f"(Ainslie et al. 2023): {GROUPED_QUERY['mha']} -> {GROUPED_QUERY['gqa8']} (MQA {GROUPED_QUERY['mqa']}).")
     header, body = with_status(header, body, status)
-    judged = verdicts(rows, exp)
+    groups = {variant: g for variant, g, _ in every_variant(rows)}
+    judged = variant_verdicts(groups, BASELINE, FINDINGS, METRIC, "test exact match")
     return [Table("Head count", header, body, note), *([judged] if judged else []), *unfinished_table(rows)]

@@ -118,6 +118,21 @@ def by_seed(group: Sequence[Mapping], metric: str) -> dict[int, float]:
     return {int(r["seed"]): float(r[metric]) for r in group if r.get(metric) is not None and "seed" in r}
 
 
+def variant_verdicts(groups: Mapping[str, Sequence[Mapping]], baseline: str, findings: Mapping[str, Finding],
+                     metric: str, label: str, preset_hint: str = "quick"):
+    """The verdict table of findings that each compare one variant with ``baseline`` (``groups``: variant -> its
+    finished rows), paired by seed in ``metric``; None when the baseline or every compared variant is missing."""
+    from attn_lab.reporting.tables import Table
+
+    if baseline not in groups:
+        return None
+    base = by_seed(groups[baseline], metric)
+    checks = [(f, paired_bootstrap(base, by_seed(groups[v], metric))) for v, f in findings.items() if v in groups]
+    if not checks:
+        return None
+    return Table("Verdicts", VERDICT_HEADER, verdict_rows(checks), verdict_note(checks, label, preset_hint))
+
+
 def verdict_rows(checks: Sequence[tuple[Finding, Interval | None]], digits: int = 3) -> list[list[str]]:
     return [verdict_row(finding, diff, digits) for finding, diff in checks]
 
