@@ -101,7 +101,7 @@ def _fake_sweep(tmp_path):
             zeros = {f"{k}/0": {"zeros": [0.5, 0.5] if "entmax" in variant else [0.0, 0.0]}
                      for k in ("encoder_self", "decoder_self", "cross")}
             (tmp_path / trial / "analysis" / "diagnose.json").write_text(json.dumps(zeros))
-            rows.append({"variant": variant, "trial": trial, "status": "ok", "test_loss": 1.0,
+            rows.append({"variant": variant, "seed": seed, "trial": trial, "status": "ok", "test_loss": 1.0,
                          "test_exact_match": score + 0.001 * seed, "test_bleu": 90.0, "steps_per_sec": 10.0})
     return rows
 
@@ -121,7 +121,9 @@ def test_dynamic_report_reads_learned_values_and_zero_weights(tmp_path):
     alpha = {r[0]: r for r in tables[1].rows}
     assert alpha["encoder_self"][3:] == ["50%", "0%", "50%"]  # 1.1 softmax-like, 1.9 sparsemax-like
     assert len(tables[2].rows) == 3 * 4  # seeds x layers with spans
-    assert "adaptive_span -5.0 points" in tables[0].note and "worse than softmax" in tables[0].note
+    verdicts = {r[0].split(" (")[0]: r[2:] for r in tables[3].rows}  # exact match vs softmax, paired by seed
+    assert verdicts["1.5-entmax matches softmax"] == ["+0.010 [+0.010, +0.010] (3 seeds)", "reproduced"]
+    assert verdicts["adaptive span keeps quality at a fraction of the span"][1] == "not reproduced"  # -0.05
 
 
 def test_dynamic_presets_resolve_and_bad_preset_is_one_line():
@@ -132,4 +134,4 @@ def test_dynamic_presets_resolve_and_bad_preset_is_one_line():
                           os.path.join(ROOT, "experiments", "dynamic.py:tiny"), "--workdir", "unused", "--dry-run"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
-        "error: unknown preset 'tiny' for experiments/dynamic.py; use quick, full, listops_quick or listops_full"]
+        "error: unknown preset 'tiny' for experiments/dynamic.py; use quick, full, listops_quick, listops_full or gpu"]

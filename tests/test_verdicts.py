@@ -38,7 +38,7 @@ def test_paired_bootstrap_is_deterministic_and_none_without_shared_seeds():
     assert paired_bootstrap(base, {7: 1.0}) is None
 
 
-UP, DOWN, SAME = (Finding("c", "p", d, margin=0.01) for d in ("up", "down", "same"))
+UP, DOWN, SAME, NOT_WORSE = (Finding("c", "p", d, margin=0.01) for d in ("up", "down", "same", "not_worse"))
 
 
 @pytest.mark.parametrize("finding, low, high, expected", [
@@ -53,6 +53,9 @@ UP, DOWN, SAME = (Finding("c", "p", d, margin=0.01) for d in ("up", "down", "sam
     (SAME, 0.02, 0.04, "not reproduced"),
     (SAME, -0.04, -0.02, "not reproduced"),
     (SAME, -0.005, 0.03, "inconclusive"),
+    (NOT_WORSE, -0.008, 0.05, "reproduced"),  # a gain is no loss
+    (NOT_WORSE, -0.05, -0.02, "not reproduced"),
+    (NOT_WORSE, -0.03, 0.01, "inconclusive"),
 ])
 def test_decide_rule(finding, low, high, expected):
     assert decide(finding, Interval((low + high) / 2, low, high, pairs=5)) == expected

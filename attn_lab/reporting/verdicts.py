@@ -6,12 +6,14 @@ difference removes that shared noise (a paired design). The interval is a percen
 paired difference, resampling seeds with replacement (Efron & Tibshirani 1993, ch. 13); with the few seeds a
 sweep affords it is a rough interval, which is why the rule below needs ``MIN_PAIRS`` pairs before it decides.
 
-The rule (:func:`decide`), for a finding that says a change moves a metric up, down, or leaves it unchanged:
+The rule (:func:`decide`), for a finding that says a change moves a higher-is-better metric up, down, leaves it
+unchanged, or costs at most a little (not worse):
 
-- ``reproduced``: the whole interval lies on the paper's side of zero (up/down), or inside the equivalence band
-  ``[-margin, margin]`` (unchanged);
-- ``not reproduced``: the whole interval lies on the other side of zero (up/down) — or inside the band, so no
-  effect of the size the paper reports exists here — or entirely outside the band (unchanged);
+- ``reproduced``: the whole interval lies on the paper's side of zero (up/down), inside the equivalence band
+  ``[-margin, margin]`` (same), or above ``-margin`` (not worse);
+- ``not reproduced``: the whole interval lies on the other side of zero (up/down) -- or inside the band, so no
+  effect of the size the paper reports exists here --, entirely outside the band (same), or below ``-margin``
+  (not worse);
 - ``inconclusive``: anything else (the interval straddles the boundary), or fewer than ``MIN_PAIRS`` pairs.
 """
 
@@ -26,7 +28,7 @@ import numpy as np
 MIN_PAIRS = 3  # a bootstrap over fewer seeds than this cannot separate anything from its noise
 LEVEL = 0.95
 RESAMPLES = 10_000
-Direction = Literal["up", "down", "same"]
+Direction = Literal["up", "down", "same", "not_worse"]
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
 
 
@@ -51,8 +53,8 @@ class Finding:
     Attributes:
       claim: the finding, e.g. 'one head is worse than eight (Table 3, rows A)'.
       paper: the paper's number as text, e.g. '-0.9 BLEU'.
-      direction: 'up' / 'down' (the compared row's metric minus the baseline's should be > 0 / < 0) or 'same'
-        (the change costs less than ``margin``).
+      direction: 'up' / 'down' (the compared row's metric minus the baseline's should be > 0 / < 0), 'same'
+        (within ``margin`` either way: equivalence) or 'not_worse' (loses less than ``margin``: non-inferiority).
       margin: the smallest difference that counts as an effect, in the metric's units (the equivalence band).
     """
 
@@ -85,6 +87,10 @@ def decide(finding: Finding, diff: Interval | None) -> str:
     if diff is None or diff.pairs < MIN_PAIRS:
         return "inconclusive"
     inside_band = -finding.margin <= diff.low and diff.high <= finding.margin
+    if finding.direction == "not_worse":
+        if diff.low >= -finding.margin:
+            return "reproduced"
+        return "not reproduced" if diff.high < -finding.margin else "inconclusive"
     if finding.direction == "same":
         if inside_band:
             return "reproduced"
@@ -108,8 +114,9 @@ def verdict_row(finding: Finding, diff: Interval | None, digits: int = 3) -> lis
 VERDICT_HEADER = ("finding", "paper", f"ours: mean diff [{LEVEL:.0%} paired bootstrap CI]", "verdict")
 RULE = (f"Verdict rule (attn_lab/reporting/verdicts.py): the {LEVEL:.0%} percentile bootstrap interval of the mean "
         "per-seed difference lies wholly on the paper's side of zero -> reproduced; wholly on the other side, or "
-        "inside ± the margin where the paper reports an effect -> not reproduced; for 'no loss' findings, inside "
-        "± the margin -> reproduced, wholly outside -> not reproduced; otherwise, or with fewer than "
+        "inside ± the margin where the paper reports an effect -> not reproduced; for 'no difference' findings, "
+        "inside ± the margin -> reproduced, wholly outside -> not reproduced; for 'costs little' findings, above "
+        "-margin -> reproduced, wholly below -> not reproduced; otherwise, or with fewer than "
         f"{MIN_PAIRS} paired seeds, inconclusive.")
 
 
