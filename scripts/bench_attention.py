@@ -51,6 +51,7 @@ from flax import nnx  # noqa: E402
 from attn_lab.attention import KERNELS, build_kernel  # noqa: E402
 from attn_lab.attention.registry import default_options, kernel_options  # noqa: E402
 from attn_lab.cli import DEFINE_integer_list, main_args, parse_flags  # noqa: E402
+from attn_lab.markdown import markdown_table  # noqa: E402
 
 REF = "jax.nn.dot_product_attention"  # XLA's implementation
 CUDNN = "jax.nn.dot_product_attention/cudnn"  # cuDNN flash attention (GPU, half precision)
@@ -389,8 +390,7 @@ def write_md(cases: list[Case], args: SimpleNamespace, path: Path, budget: float
              cudnn_note: str = "") -> list[str]:
     idx = index(cases)
     labels = list(dict.fromkeys(c.label for c in cases))
-    head = "| kernel | options | " + " | ".join(str(t) for t in args.lengths) + " |"
-    rule = "|---|---|" + "---|" * len(args.lengths)
+    head = ["kernel", "options", *(str(t) for t in args.lengths)]
     opts = {c.label: json.dumps(c.options, sort_keys=True) for c in cases}
     has_cudnn = CUDNN in labels
 
@@ -405,6 +405,10 @@ def write_md(cases: list[Case], args: SimpleNamespace, path: Path, budget: float
             return f"{fmt_seconds(c.seconds)} ({shown})"
         return f"{c.memory.get('temp', 0) / 2**20:.3g} MiB ({shown})"
 
+    def table(kind):
+        return markdown_table(head, [[lb, f"`{opts[lb]}`", *(cell(lb, t, kind) for t in args.lengths)]
+                                     for lb in labels])
+
     vs = "vs XLA / vs cuDNN" if has_cudnn else "vs XLA"
     cudnn_line = (f"cuDNN row: `{CUDNN}` = `jax.nn.dot_product_attention(..., implementation='cudnn')`; each cell's "
                   f"ratios are vs XLA / vs cuDNN." if has_cudnn else f"No cuDNN row ({cudnn_note}).")
@@ -415,12 +419,8 @@ def write_md(cases: list[Case], args: SimpleNamespace, path: Path, budget: float
              f"ref time / time; memory = ref temp / temp); n/a where the reference did not run. {cudnn_line} "
              f"Memory is XLA's `temp_size_in_bytes` (working set beyond arguments and outputs; see the CSV for the "
              f"others).", "",
-             f"## Time (median, speedup {vs})", "", head, rule]
-    lines += [f"| {lb} | `{opts[lb]}` | " + " | ".join(cell(lb, t, "time") for t in args.lengths) + " |"
-              for lb in labels]
-    lines += ["", f"## Memory (compiled temp MiB, reduction {vs})", "", head, rule]
-    lines += [f"| {lb} | `{opts[lb]}` | " + " | ".join(cell(lb, t, "mem") for t in args.lengths) + " |"
-              for lb in labels]
+             f"## Time (median, speedup {vs})", "", table("time"),
+             "", f"## Memory (compiled temp MiB, reduction {vs})", "", table("mem")]
     notes = [f"- {c.label} @ {c.length}: {c.status}" for c in cases if c.status != "ok"]
     result = targets(cases, cudnn_note)
     lines += ["", "## Targets", ""] + [f"- {t}" for t in result]

@@ -23,6 +23,7 @@ import time
 from absl import app, flags
 
 from attn_lab.cli import DEFINE_integer_list, main_args, parse_flags, split_config_overrides
+from attn_lab.markdown import markdown_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = {"separate": [], "vmap": ["--vmap-seeds"], "separate-parallel2": ["--parallel", "2"],
@@ -59,11 +60,10 @@ def run_mode(mode: str, extra: list[str]) -> dict:
 
 def table(results: list[dict]) -> str:
     base = results[0]["trials_per_hour"]
-    lines = [f"| mode | trials | wall (s) | trials/hour | vs {results[0]['mode']} | mean {results[0]['metric']} |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['mode']} | {r['trials']} | {r['wall_sec']:.0f} | {r['trials_per_hour']:.1f} | "
-              f"{r['trials_per_hour'] / base:.2f}x | {r['mean']:.4f} +- {r['std']:.4f} |" for r in results]
-    return "\n".join(lines)
+    header = ["mode", "trials", "wall (s)", "trials/hour", f"vs {results[0]['mode']}", f"mean {results[0]['metric']}"]
+    rows = [[r["mode"], str(r["trials"]), f"{r['wall_sec']:.0f}", f"{r['trials_per_hour']:.1f}",
+             f"{r['trials_per_hour'] / base:.2f}x", f"{r['mean']:.4f} +- {r['std']:.4f}"] for r in results]
+    return markdown_table(header, rows)
 
 
 def parse_bench_flags(argv: list[str]) -> list[str]:

@@ -46,6 +46,7 @@ from flax import nnx
 
 from attn_lab.cli import DEFINE_integer_list, main_args, parse_flags
 from attn_lab.io import write_json_atomic, write_text_atomic
+from attn_lab.markdown import markdown_table
 from attn_lab.models import Seq2Seq, build_model, count_params
 from attn_lab.models.transformer import EOS
 from attn_lab.sweep.spec import load_config_file
@@ -185,10 +186,10 @@ def markdown(r: dict) -> str:
     return (f"# Training throughput\n\n`python scripts/bench_train.py --dtype {a['dtype']}` on {r['device']}: "
             f"Seq2Seq d_model {a['d_model']}, {a['layers']}+{a['layers']} layers, {a['heads']} heads, "
             f"{r['params']:,} parameters, batch {a['batch']} x {a['length']} tokens.\n\n"
-            "| matmul peak | step | tokens/s | MFU | HFU (XLA flops) |\n|---|---|---|---|---|\n"
-            f"| {r['peak_flops_per_sec'] / 1e9:.1f} GFLOP/s (n={r['peak_matmul_size']}) | "
-            f"{r['seconds_per_step'] * 1e3:.0f} ms | {r['tokens_per_sec']:,.0f} | {100 * r['mfu']:.1f}% | "
-            f"{100 * r['hfu']:.1f}% |\n")
+            + markdown_table(["matmul peak", "step", "tokens/s", "MFU", "HFU (XLA flops)"],
+                             [[f"{r['peak_flops_per_sec'] / 1e9:.1f} GFLOP/s (n={r['peak_matmul_size']})",
+                               f"{r['seconds_per_step'] * 1e3:.0f} ms", f"{r['tokens_per_sec']:,.0f}",
+                               f"{100 * r['mfu']:.1f}%", f"{100 * r['hfu']:.1f}%"]]) + "\n")
 
 
 def loop_config(args: types.SimpleNamespace, data_dir: str):
@@ -323,21 +324,24 @@ def bench_loop(args: types.SimpleNamespace) -> dict:
 def loop_markdown(r: dict) -> str:
     a = r["args"]
     per_round = ", ".join(f"{x['ratio']:.2f}" for x in r["rounds"])
-    rows = "".join(f"| {d['length']} | {d['cached_seconds'] * 1e3:.1f} ms | {d['uncached_seconds'] * 1e3:.1f} ms | "
-                   f"{d['cached_speedup']:.1f}x | {'yes' if d['same_tokens'] else 'no'} |\n" for d in r["decode"])
+    loop_table = markdown_table(
+        ["trainer loop", "bare jitted step", "trainer / bare (goal >= 0.9)", "per round"],
+        [[f"{r['trainer_steps_per_sec']:.1f} steps/s", f"{r['bare_steps_per_sec']:.1f} steps/s",
+          f"{r['trainer_over_bare']:.3f}", per_round]])
+    decode_table = markdown_table(
+        ["target length", "KV cache", "re-run decoder", "speedup (goal >= 5x at 256)", "same tokens"],
+        [[str(d["length"]), f"{d['cached_seconds'] * 1e3:.1f} ms", f"{d['uncached_seconds'] * 1e3:.1f} ms",
+          f"{d['cached_speedup']:.1f}x", "yes" if d["same_tokens"] else "no"] for d in r["decode"]])
     return (f"# Training loop and decoding\n\n`python scripts/bench_train.py --loop` on {r['device']}: Seq2Seq "
             f"d_model {a['d_model']}, {a['layers']}+{a['layers']} layers, {a['heads']} heads, {r['params']:,} "
             f"parameters, {a['dtype']}.\n\n"
             f"Numbers task, batch {a['batch']}; {a['rounds']} rounds of {a['loop_steps']} trainer steps (the "
             f"{r['steady_steps']} after the first log window of {a['log_every']} timed), each followed by the bare "
             "step on the same batches; every shape bucket compiled beforehand. Mean steps/s, median ratio.\n\n"
-            "| trainer loop | bare jitted step | trainer / bare (goal >= 0.9) | per round |\n|---|---|---|---|\n"
-            f"| {r['trainer_steps_per_sec']:.1f} steps/s | {r['bare_steps_per_sec']:.1f} steps/s | "
-            f"{r['trainer_over_bare']:.3f} | {per_round} |\n\n"
+            f"{loop_table}\n\n"
             f"Greedy decoding of {a['decode_batch']} sentences of {r['decode_source_length']} random tokens "
             f"(vocabulary {r['decode_vocab']:,}), median of at least {a['repeats']} calls:\n\n"
-            "| target length | KV cache | re-run decoder | speedup (goal >= 5x at 256) | same tokens |\n"
-            f"|---|---|---|---|---|\n{rows}")
+            f"{decode_table}\n")
 
 
 def main(argv: list[str]) -> int:

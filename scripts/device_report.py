@@ -27,6 +27,7 @@ from typing import Any, Callable
 from absl import app
 
 from attn_lab.cli import parse_flags
+from attn_lab.markdown import markdown_table
 
 TIMEOUT_CODES = (124, 137)  # timeout(1): limit reached, or killed after the grace period
 
@@ -277,14 +278,13 @@ def render(out: str, steps: list[dict], size: str = "") -> str:
     lines = ["# Device check", "",
              f"`bash scripts/device_check.sh` -- {environment_line(out)}; sizes: {size or '?'}; "
              f"{len(steps)} steps in {total:.0f} s; "
-             + (f"**{len(bad)} failed**: {', '.join(s['name'] for s in bad)}." if bad else "all steps ran."), "",
-             "| step | status | seconds | key numbers |", "|---|---|---|---|"]
-    details = []
+             + (f"**{len(bad)} failed**: {', '.join(s['name'] for s in bad)}." if bad else "all steps ran."), ""]
+    rows, details = [], []
     for s in steps:
         key, more = summarize(out, s)
         if s["name"] == "tests" and s["status"] != "skipped" and not re.search(r"not run|^–$", key):
             more = [f"- {'PASS' if s['status'] == 'ok' else 'FAIL'} the GPU-relevant tests pass: {key}"] + more
-        lines.append(f"| {s['name']} | {status_cell(s)} | {s.get('seconds', 0.0):.1f} | {key} |")
+        rows.append([s["name"], status_cell(s), f"{s.get('seconds', 0.0):.1f}", key])
         details += [f"### {s['name']}", ""]
         if s.get("command"):
             details += [f"`{shlex.join(s['command'])}`", ""]
@@ -294,6 +294,7 @@ def render(out: str, steps: list[dict], size: str = "") -> str:
     goals = [ln for ln in "\n".join(details).splitlines()
              if re.match(r"^- (PASS|FAIL) ", ln) or re.match(r"^- SKIP .*not measured \(no cuDNN", ln)]
     goals = goals or ["- none measured by the steps that ran"]
+    lines.append(markdown_table(["step", "status", "seconds", "key numbers"], rows))
     return "\n".join(lines + ["", "## Targets", ""] + goals + ["", "## Steps", ""] + details) + "\n"
 
 
