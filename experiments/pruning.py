@@ -31,7 +31,7 @@ def get_experiment(preset: str = "quick") -> dict:
     a free first 20% and an importance-vs-random gap would show. Every order prunes the same trained model, so
     orders pair by seed."""
     analyze = {"what": ["ablate", "prune", "structural", "gates"], "metric": "exact_match", "max_batches": 2,
-               "gate_targets": [0.5, 0.25]}
+               "gate_targets": [0.5, 0.25], "prune_orders": ["importance", "importance_raw", "reverse", "random"]}
     if preset == "quick":
         return {"name": "pruning_quick", "config": "configs/numbers.py:quick",
                 "overrides": {"train.num_steps": 200, "train.eval_every": 200, "train.checkpoint_every": 200},
@@ -72,6 +72,8 @@ MARGIN = 0.02
 FINDINGS = {
     ("importance - random", 30.0): Finding("pruning by importance beats random pruning (at ~30% pruned)",
                                            "Michel et al. Fig. 3-4: importance >> random", "up", MARGIN),
+    ("importance_raw - random", 30.0): Finding("pruning by unnormalized importance beats random (at ~30% pruned)",
+                                               "(our diagnosis; Michel et al. normalize per layer)", "up", MARGIN),
     ("importance - full", 20.0): Finding("~20% of heads prune by importance almost for free (at ~20% pruned)",
                                          MICHEL_PRUNING.split(",")[0], "not_worse", MARGIN),
 }
@@ -108,7 +110,7 @@ def _single_head(found: list[dict]) -> Table:
 def _curves(found: list[dict], out_dir: str) -> Table:
     from attn_lab.reporting.plots import errorbar_plot
 
-    orders = ("importance", "reverse", "random")
+    orders = [o for o in ("importance", "importance_raw", "reverse", "random") if o in found[0]]
     percents = [p["percent"] for p in found[0]["importance"]]
     body = [[f"{pct:.0f}%", *(mean_std([f[o][i]["score"] for f in found]) for o in orders)]
             for i, pct in enumerate(percents)]

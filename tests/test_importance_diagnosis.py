@@ -35,3 +35,20 @@ def test_importance_vs_drop_separates_within_kind_from_across_kinds():
     drops = np.concatenate([-deltas["encoder_self"].ravel(), -deltas["cross"].ravel()])
     scores = np.concatenate([imp["encoder_self"].ravel(), imp["cross"].ravel()])
     assert rho["all"] == pytest.approx(rank_correlation(scores, drops)) and rho["all"] < 0
+
+
+def test_pruning_orders_normalized_vs_raw_importance():
+    """Per-layer normalization reorders heads across layers: with sums [[1, 2], [10, 30]] the normalized scores are
+    [[.447, .894], [.316, .949]], so 'importance' prunes layer 1's head 0 first while 'importance_raw' prunes both
+    layer-0 heads first. The score counts layer 1's live heads, showing which went."""
+    from attn_lab.analysis.pruning import pruning_curve
+
+    sums = np.array([[1.0, 2.0], [10.0, 30.0]])
+    batches = [{"inputs": np.zeros((1, 3)), "mask": np.ones(1)}]
+    importance_sums = lambda state, batch, masks: {"a": sums}
+    score = lambda state, masks: (None, float(masks["a"][1].sum()))
+    curve = lambda order: [p["score"] for p in pruning_curve(None, batches, {"a": (2, 2)}, score, importance_sums,
+                                                             order=order, fraction=0.25)]
+    assert curve("importance") == [2.0, 1.0, 1.0, 1.0]
+    assert curve("importance_raw") == [2.0, 2.0, 2.0, 1.0]
+    assert curve("reverse") == [2.0, 1.0, 1.0, 1.0]  # normalized, most important first: .949 (layer 1) goes first

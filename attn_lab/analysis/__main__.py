@@ -31,7 +31,8 @@ from attn_lab.cli import main_args, run_entry_point
 
 METHODS = ("importance", "ablate", "prune", "structural", "gates", "diagnose")
 METRICS = ("accuracy", "bleu", "exact_match")
-ORDERS = ("importance", "reverse", "random")
+ORDERS = ("importance", "reverse", "random", "importance_raw")  # attn_lab.analysis.pruning.ORDERS
+DEFAULT_ORDERS = ORDERS[:3]  # Michel et al.'s curves; importance_raw: importance without per-layer normalization
 SPLITS = ("train", "validation", "test")
 
 
@@ -92,7 +93,7 @@ _EXAMPLE = flags.DEFINE_integer("example", 0, "diagnose: which example of the fi
 _PRUNE_FRACTION = flags.DEFINE_float("prune-fraction", 0.1, "prune: share of all heads removed per step.",
                                      lower_bound=0.0, upper_bound=1.0)
 _METRIC = flags.DEFINE_enum("metric", "accuracy", METRICS, "ablate/prune: what to score.")
-_PRUNE_ORDERS = _list_flag(_ChoicesListParser(ORDERS), "prune-orders", ",".join(ORDERS),
+_PRUNE_ORDERS = _list_flag(_ChoicesListParser(ORDERS), "prune-orders", ",".join(DEFAULT_ORDERS),
                            f"prune: comma-separated orders to run, from {', '.join(ORDERS)}.")
 _FINETUNE_STEPS = flags.DEFINE_integer("finetune-steps", 0, "prune: train this many steps after each step.",
                                        lower_bound=0)

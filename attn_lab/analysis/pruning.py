@@ -1,9 +1,14 @@
 """Iterative head pruning by importance (Michel et al. 2019, Section 4), with random and reverse baselines.
 
 Heads of all attention kinds are pruned together, ``fraction`` of them at a time, in the order given by importance
-(least important first, per-layer normalized so layers compare), by the reverse order, or at random. Importance is
-either scored once on the full model or re-scored before each step with the gradient taken at the current mask
-(pruned heads stay pruned).
+(least important first, per-layer normalized so layers compare: Michel et al.'s ``importance``), by raw importance
+(``importance_raw``: no normalization), by the reverse order, or at random. Importance is either scored once on the
+full model or re-scored before each step with the gradient taken at the current mask (pruned heads stay pruned).
+
+Why both importance orders: per-layer l2 normalization gives every layer the same total importance, however much
+the model relies on it. On the numbers quick model raw importance ranks heads like their own masking drop (Spearman
+~0.8 over all heads) while the normalized scores barely do (~0.2), so the normalized order prunes heads the
+metric depends on first (``importance_vs_drop`` in :mod:`attn_lab.analysis.importance` measures this per run).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import numpy as np
 
 from attn_lab.analysis.importance import Scorer, head_importance
 
-ORDERS = ("importance", "reverse", "random")
+ORDERS = ("importance", "reverse", "random", "importance_raw")
 
 
 def _flat(masks: dict[str, np.ndarray]) -> list[tuple[str, int, int]]:
@@ -27,7 +32,7 @@ def _ranked(scores: dict[str, np.ndarray], masks: dict[str, np.ndarray], order: 
     alive = [h for h in _flat(masks) if masks[h[0]][h[1], h[2]] > 0]
     if order == "random":
         return [alive[i] for i in rng.permutation(len(alive))]
-    value = np.array([scores[k][layer, head] for k, layer, head in alive])
+    value = np.array([scores[k][layer, head] for k, layer, head in alive])  # importance or importance_raw
     idx = np.argsort(value, kind="stable")
     return [alive[i] for i in (idx[::-1] if order == "reverse" else idx)]
 
@@ -46,7 +51,8 @@ def pruning_curve(state: dict, batches: list[dict], shapes: dict[str, tuple[int,
     masks = {k: np.ones(s) for k, s in shapes.items()}
     total = sum(m.size for m in masks.values())
     per_step = max(1, int(round(fraction * total)))
-    imp = head_importance(state, batches, shapes, importance_sums, normalize=True)
+    normalize = order != "importance_raw"
+    imp = head_importance(state, batches, shapes, importance_sums, normalize=normalize)
     curve = []
     while True:
         pruned = total - int(sum(m.sum() for m in masks.values()))
@@ -54,7 +60,7 @@ def pruning_curve(state: dict, batches: list[dict], shapes: dict[str, tuple[int,
         if pruned + per_step >= total:  # keep at least one head
             return curve
         if rescore and order != "random":
-            imp = _importance_at(state, batches, masks, importance_sums)
+            imp = _importance_at(state, batches, masks, importance_sums, normalize)
         for kind, layer, head in _ranked(imp, masks, order, rng)[:per_step]:
             masks[kind][layer, head] = 0.0
         if finetune is not None:
@@ -72,12 +78,14 @@ def prune_masks(importance: dict[str, np.ndarray], percent: float) -> dict[str, 
 
 
 def _importance_at(state: dict, batches: list[dict], masks: dict[str, np.ndarray],
-                   importance_sums: Callable) -> dict[str, np.ndarray]:
-    """Per-layer-normalized importance with the gradient taken at the current mask."""
+                   importance_sums: Callable, normalize: bool = True) -> dict[str, np.ndarray]:
+    """Importance with the gradient taken at the current mask (per-layer normalized unless ``normalize`` is off)."""
     sums = {k: np.zeros(m.shape) for k, m in masks.items()}
     for batch in batches:
         rows = batch["inputs"].shape[0]
         tiled = {k: np.broadcast_to(m, (rows, *m.shape)).astype(np.float32) for k, m in masks.items()}
         for k, v in importance_sums(state, batch, tiled).items():
             sums[k] += np.asarray(v)
+    if not normalize:
+        return sums
     return {k: v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12) for k, v in sums.items()}
