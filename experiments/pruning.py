@@ -183,10 +183,11 @@ def _diagnosis(ablate: dict[int, dict]) -> Table | None:
     body = [[name, *(mean_std([f[name][s] for f in found if f[name][s] is not None], 2) for s in scopes)]
             for name in ("raw", "normalized")]
     note = (f"Spearman's rho between head importance and the metric's drop when that head alone is masked, per seed "
-            f"(mean ± std over seeds), on {found[0]['batches']} validation batches. Within a kind the ranks "
-            "agree; across kinds per-layer normalization gives every layer the same total importance, so layers the "
-            "model barely uses (often encoder self-attention) are pruned as late as layers it cannot lose "
-            "(cross-attention): the first pruning steps then remove heads the metric depends on.")
+            f"(mean ± std over seeds), on {found[0]['batches']} validation batches. Per-layer l2 normalization "
+            "(Michel et al.; the 'importance' pruning order) gives every layer the same total importance however "
+            "much the model relies on it, which reorders heads across layers -- across kinds and across the layers "
+            "of one kind; 'raw' is the unnormalized score (the 'importance_raw' order). Where 'raw' ranks the drop "
+            "far better, normalized pruning removes heads the metric depends on early.")
     return Table("Pruning diagnosis: importance vs actual drop", ["importance", *scopes], body, note)
 
 
