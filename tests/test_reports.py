@@ -183,14 +183,15 @@ def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_p
     assert diagnosis.rows[0][4] == "–" and "2 validation batches" in diagnosis.note  # no head moved cross: no rho
 
 
+PRUNING = _load(os.path.join(ROOT, "experiments", "pruning.py"), "experiment_pruning_internals")
+
+
 def experiment_pruning_verdicts(sweep_dir, rows):
-    module = _load(os.path.join(ROOT, "experiments", "pruning.py"), "experiment_pruning_verdicts")
-    return module._verdicts(module._per_seed(str(sweep_dir), rows, "prune"))
+    return PRUNING._verdicts(PRUNING._per_seed(str(sweep_dir), rows, "prune"))
 
 
 def experiment_pruning_diagnosis(sweep_dir, rows):
-    module = _load(os.path.join(ROOT, "experiments", "pruning.py"), "experiment_pruning_diagnosis")
-    return module._diagnosis(module._per_seed(str(sweep_dir), rows, "ablate"))
+    return PRUNING._diagnosis(PRUNING._per_seed(str(sweep_dir), rows, "ablate"))
 
 
 def _with_failures(rows, failed_variant, partly_failed_variant):

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 from absl import flags
 
+from attn_lab.analysis.pruning import ORDERS
 from attn_lab.cli import main_args, run_entry_point
 
 METHODS = ("importance", "ablate", "prune", "structural", "gates", "diagnose")
 METRICS = ("accuracy", "bleu", "exact_match")
-ORDERS = ("importance", "reverse", "random", "importance_raw")  # attn_lab.analysis.pruning.ORDERS
 DEFAULT_ORDERS = ORDERS[:3]  # Michel et al.'s curves; importance_raw: importance without per-layer normalization
 SPLITS = ("train", "validation", "test")
 
