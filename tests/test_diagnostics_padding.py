@@ -81,3 +81,50 @@ def test_cross_attention_uses_given_query_mask():
     want = np.array([ent[:, h][valid_queries].mean() for h in range(n)])
     np.testing.assert_allclose(got, want, rtol=1e-9)
     assert not np.allclose(diagnostics.normalized_entropy(maps, valid_keys), want)  # all rows counted otherwise
+
+
+def _captured_decoder_self(attention: str):
+    """A tiny translation model's captured ``decoder_self/0`` layer (maps, per-row keys, queries) and its batch."""
+    import jax
+    from flax import nnx
+
+    from attn_lab.models import build_model
+    from attn_lab.train.capture import as_layers, capture_step
+    from attn_lab.train.config import base_config
+    from attn_lab.train.steps import init_state, make_optimizer, model_state
+
+    c = base_config()
+    c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.num_heads, c.model.dropout = 1, 16, 32, 2, 0.0
+    c.model.attention.name = attention
+    model = build_model(c.model, kind="translation", vocab_size=12, max_len=9, seed=0)
+    graphdef, params, _ = nnx.split(model, nnx.Param, ...)
+    state = init_state(nnx.to_pure_dict(params), model_state(model), make_optimizer(c.train), 0)
+    batch = {"inputs": np.array(jax.random.randint(jax.random.key(1), (3, 6), 4, 12)),
+             "targets": np.array(jax.random.randint(jax.random.key(2), (3, 7), 4, 12))}
+    batch["targets"][1, 4:] = 0  # padding
+    captured = jax.jit(capture_step(graphdef))(state, batch)
+    return as_layers(captured, batch)["decoder_self/0"], batch
+
+
+def test_causal_decoder_statistics_count_only_the_keys_each_row_may_see():
+    """Decoder self-attention row t sees targets 0..t: softmax has no exact zeros there (the causal mask's zeros at
+    keys > t are not the kernel's sparsity), and entropy normalizes by log(number of keys row t sees). Checked
+    against formulas written here, row by row, for softmax (no zeros) and 1.5-entmax (true zeros)."""
+    for attention in ("dense", "entmax"):
+        layer, batch = _captured_decoder_self(attention)
+        maps, queries = layer["maps"], layer["valid_queries"]  # (B, N, T, T), (B, T)
+        report = diagnostics.layer_report(maps, layer["valid_keys"], layer["head_outputs"], queries)
+        valid = batch["targets"] != 0
+        rows = [(i, q) for i in range(maps.shape[0]) for q in range(maps.shape[2]) if valid[i, q]]
+        for h in range(maps.shape[1]):
+            zeros, ent = [], []
+            for i, q in rows:
+                seen = maps[i, h, q, : q + 1][valid[i, : q + 1]]  # keys 0..q that are not padding
+                np.testing.assert_allclose(maps[i, h, q].sum(), 1, rtol=1e-5)
+                zeros.append(np.mean(seen == 0))
+                nz = seen[seen > 0]
+                ent.append(-(nz * np.log(nz)).sum() / np.log(max(len(seen), 2)))
+            np.testing.assert_allclose(report["zeros"][h], np.mean(zeros), atol=1e-9)
+            np.testing.assert_allclose(report["entropy"][h], np.mean(ent), rtol=1e-4, atol=1e-6)
+            if attention == "dense":
+                assert report["zeros"][h] == 0.0

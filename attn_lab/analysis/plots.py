@@ -74,7 +74,8 @@ def maps_plot(path: str, captured: dict, kind: str, example: int) -> None:
     heads = captured[names[0]]["maps"].shape[1]
     fig, axes = plt.subplots(len(names), heads, figsize=(2 * heads, 2 * len(names)), squeeze=False)
     for row, name in enumerate(names):
-        valid = captured[name]["valid_keys"][example]
+        valid = captured[name]["valid_keys"][example]  # (S,) or, causal, (T, S): keys any row may see
+        valid = valid if valid.ndim == 1 else valid.any(0)
         for head in range(heads):
             grid = captured[name]["maps"][example, head]
             axes[row][head].imshow(grid[:, valid], cmap="viridis")  # (queries, valid keys)

@@ -28,12 +28,17 @@ def capture_step(graphdef: Any) -> Callable[[dict, dict], dict]:
 
 
 def as_layers(captured: dict, batch: dict) -> dict[str, dict[str, np.ndarray]]:
-    """Captured arrays as numpy, with each layer's key validity ``[B, S]`` (decoder self-attention: target side) and
-    query validity ``[B, T]`` (encoder self-attention: source side; decoder self- and cross-attention: target side)."""
+    """Captured arrays as numpy, with each layer's key validity and query validity ``[B, T]`` (encoder
+    self-attention: source side; decoder self- and cross-attention: target side). Keys are ``[B, S]`` (source
+    padding), except in the causal decoder self-attention: ``[B, T, S]``, row t seeing the valid targets <= t, so
+    statistics such as the share of zero weights do not count the future keys the causal mask hides."""
     out = {}
     for name, values in captured.items():
         maps = np.asarray(values["attention_weights"])  # (B, N, T, S)
-        keys = np.asarray(batch["targets"] if name.startswith("decoder_self") else batch["inputs"]) != 0
+        causal = name.startswith("decoder_self")
+        keys = np.asarray(batch["targets"] if causal else batch["inputs"]) != 0
+        if causal:
+            keys = keys[:, None, :] & np.tri(maps.shape[-2], maps.shape[-1], dtype=bool)  # (B, T, S)
         queries = np.asarray(batch["inputs"] if name.startswith("encoder_self") else batch["targets"]) != 0
         if maps.shape[-1] == keys.shape[-1] + 1:  # classifier with a CLS token in front
             keys = np.pad(keys, ((0, 0), (1, 0)), constant_values=True)

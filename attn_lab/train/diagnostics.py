@@ -19,16 +19,25 @@ import numpy as np
 EPS = 1e-12
 
 
-def _rows(valid_keys: np.ndarray, maps: np.ndarray, valid_queries: np.ndarray | None = None) -> np.ndarray:
-    """Weight of each query row ``[B, T]``: 1 for valid queries of examples with at least one valid key, else 0.
+def _keys(valid_keys: np.ndarray, maps: np.ndarray) -> np.ndarray:
+    """Key validity per query row ``[B, T, S]`` from ``[B, S]`` (padding only) or ``[B, T, S]`` (per row: a causal
+    decoder's row t may only see keys <= t, so its future keys are not "valid keys with zero weight")."""
+    keys = np.asarray(valid_keys, bool)
+    keys = keys[:, None, :] if keys.ndim == 2 else keys
+    return np.broadcast_to(keys, (maps.shape[0], maps.shape[2], maps.shape[3]))
 
-    ``valid_queries`` None: self-attention (``T == S``) uses ``valid_keys`` for the queries, otherwise all rows count.
+
+def _rows(valid_keys: np.ndarray, maps: np.ndarray, valid_queries: np.ndarray | None = None) -> np.ndarray:
+    """Weight of each query row ``[B, T]``: 1 for valid queries that have at least one valid key, else 0.
+
+    ``valid_queries`` None: self-attention (``T == S``) with ``[B, S]`` keys uses ``valid_keys`` for the queries,
+    otherwise all rows count.
     """
     b, t, s = maps.shape[0], maps.shape[2], maps.shape[3]
     if valid_queries is None:
-        valid_queries = valid_keys if t == s else np.ones((b, t), bool)
+        valid_queries = valid_keys if t == s and np.ndim(valid_keys) == 2 else np.ones((b, t), bool)
     valid_queries = np.broadcast_to(np.asarray(valid_queries, bool), (b, t))
-    return (valid_queries & np.asarray(valid_keys, bool).any(-1)[:, None]).astype(float)
+    return (valid_queries & _keys(valid_keys, maps).any(-1)).astype(float)
 
 
 def _mean_rows(per_row: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -40,14 +49,14 @@ def _mean_rows(per_row: np.ndarray, rows: np.ndarray) -> np.ndarray:
 def normalized_entropy(maps: np.ndarray, valid_keys: np.ndarray, valid_queries: np.ndarray | None = None) -> np.ndarray:
     """Row entropy / log(number of valid keys): 1 = uniform over the valid keys, 0 = one-hot."""
     ent = -(maps * np.log(np.maximum(maps, EPS))).sum(-1)  # (B, N, T)
-    n = np.maximum(valid_keys.sum(-1), 2)[:, None, None]  # (B, 1, 1)
+    n = np.maximum(_keys(valid_keys, maps).sum(-1), 2)[:, None]  # (B, 1, T)
     return _mean_rows(ent / np.log(n), _rows(valid_keys, maps, valid_queries))
 
 
 def zero_share(maps: np.ndarray, valid_keys: np.ndarray, valid_queries: np.ndarray | None = None) -> np.ndarray:
     """Share of a row's valid keys whose weight is exactly 0 (sparse normalizers such as entmax give true zeros;
     softmax gives none except by underflow)."""
-    keys = np.asarray(valid_keys, bool)[:, None, None, :]  # (B, 1, 1, S)
+    keys = _keys(valid_keys, maps)[:, None]  # (B, 1, T, S)
     zeros = ((maps == 0) & keys).sum(-1) / np.maximum(keys.sum(-1), 1)  # (B, N, T)
     return _mean_rows(zeros, _rows(valid_keys, maps, valid_queries))
 
