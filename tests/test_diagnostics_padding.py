@@ -1,9 +1,15 @@
 """Per-head diagnostics average over valid query rows only: appending padding (queries and keys) leaves every
 statistic unchanged, and each average equals a formula written here over the valid rows."""
 
+import jax
 import numpy as np
+from flax import nnx
 
+from attn_lab.models import build_model
 from attn_lab.train import diagnostics
+from attn_lab.train.capture import as_layers, capture_step
+from attn_lab.train.config import base_config
+from attn_lab.train.steps import init_state, make_optimizer, model_state
 
 
 def _random_maps(rng, b, n, t, s, valid_keys):
@@ -85,14 +91,6 @@ def test_cross_attention_uses_given_query_mask():
 
 def _captured_decoder_self(attention: str):
     """A tiny translation model's captured ``decoder_self/0`` layer (maps, per-row keys, queries) and its batch."""
-    import jax
-    from flax import nnx
-
-    from attn_lab.models import build_model
-    from attn_lab.train.capture import as_layers, capture_step
-    from attn_lab.train.config import base_config
-    from attn_lab.train.steps import init_state, make_optimizer, model_state
-
     c = base_config()
     c.model.num_layers, c.model.d_model, c.model.mlp_dim, c.model.num_heads, c.model.dropout = 1, 16, 32, 2, 0.0
     c.model.attention.name = attention
