@@ -224,6 +224,8 @@ def test_compile_decode_beam_one_is_greedy_program(trained):
     ("beam_size", 0, "eval.beam_size must be >= 1 (1: greedy decoding), got 0"),
     ("beam_size", 1.5, "eval.beam_size must be an integer, got 1.5"),
     ("length_penalty", -1, "eval.length_penalty must be >= 0, got -1"),
+    ("validation_beam_size", 0,
+     "eval.validation_beam_size must be >= 1 (1: greedy decoding), or unset (eval.beam_size), got 0"),
 ])
 def test_bad_eval_values_give_one_line_error(key, value, message):
     """Built from a plain dict, as a config.json or a Python caller gives it (ConfigDict's typed overrides would
@@ -267,3 +269,28 @@ def test_run_config_reaches_the_trainer_and_the_analysis_decoder(tmp_path, data_
     assert want != bleu()  # greedy decodes differently: the check below can tell which one ran
     assert results["final"]["test"]["bleu"] == pytest.approx(want)
     assert run.decode_scorer(batches, "test", "bleu")(run.state, {})[1] == pytest.approx(want)
+
+
+def test_validation_beam_size_decodes_validation_only(tmp_path, data_dir):
+    """``eval.validation_beam_size=1`` beside ``eval.beam_size=3``: the periodic validation's BLEU (metrics.jsonl,
+    results' final validation) is greedy decoding's, the test BLEU is still the beam's, and the restored run's
+    scorer decodes each split the same way."""
+    config = _tiny_numbers(data_dir)
+    config.eval.beam_size, config.eval.length_penalty, config.eval.validation_beam_size = 3, 1.0, 1
+    results = train_and_evaluate(config, str(tmp_path / "run"))
+    run = load_finished_run(str(tmp_path / "run"))
+    assert results["compilations"]["decode_validation"] == 1  # its own program (counted before the final test)
+
+    def bleu(split, **search):
+        batches, refs = run.batches(split, config.train.max_eval_batches), run.task.references(split)
+        decode = compile_decode(run.graphdef, run.task.max_target_length, **search)
+        hyps = [run.task.decode(row) for b in batches for row in np.asarray(decode(run.state, b["inputs"]))]
+        return translation_scores(hyps[: len(refs)], refs[: len(hyps)], config.eval.bleu_tokenize)["bleu"]
+
+    beam = dict(beam_size=3, length_penalty=1.0)
+    assert bleu("validation") != bleu("validation", **beam)  # the check below can tell which one ran
+    assert results["final"]["validation"]["bleu"] == pytest.approx(bleu("validation"))
+    assert results["final"]["test"]["bleu"] == pytest.approx(bleu("test", **beam))
+    for split, search in (("validation", {}), ("test", beam)):
+        scorer = run.decode_scorer(run.batches(split, config.train.max_eval_batches), split, "bleu")
+        assert scorer(run.state, {})[1] == pytest.approx(bleu(split, **search))

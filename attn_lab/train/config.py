@@ -88,6 +88,7 @@ def base_config() -> ml_collections.ConfigDict:
         "bleu_tokenize": "13a",  # sacrebleu tokenizer ('char' for one-word targets)
         "beam_size": 1,  # 1: greedy decoding; Vaswani et al. used 4 (attn_lab/train/beam.py)
         "length_penalty": 0.6,  # GNMT's alpha, ranking beams by log P / ((5 + |Y|) / 6)^alpha; unused at beam 1
+        "validation_beam_size": config_dict.placeholder(int),  # periodic validation's beam; unset: eval.beam_size
     })
     c.wandb = ml_collections.ConfigDict({"mode": "offline", "project": "attn_lab",
                                          "group": config_dict.placeholder(str), "tags": (),
@@ -142,6 +143,8 @@ SCALARS: dict[str, tuple] = {
     "parallel.process_id": _rule(int, ">= 0", lambda v: v >= 0, optional=True),
     "eval.bleu_tokenize": _STR, "eval.beam_size": _rule(int, ">= 1 (1: greedy decoding)", lambda v: v >= 1),
     "eval.length_penalty": _NON_NEGATIVE,
+    "eval.validation_beam_size": _rule(int, ">= 1 (1: greedy decoding), or unset (eval.beam_size)", lambda v: v >= 1,
+                                       optional=True),
     "wandb.mode": _STR, "wandb.project": _rule(str, "non-empty", lambda v: v.strip()),
     "wandb.group": _OPTIONAL_STR, "wandb.name": _OPTIONAL_STR,
 }

@@ -72,6 +72,13 @@ def supports_cached_decoding(model: nnx.Module) -> bool:
     return all(block.self_attn.kernel.supports_decode for block in model.decoder.blocks)
 
 
+def split_beam_size(ecfg: Any, split: str) -> int:
+    """The beam a run decodes ``split`` with: ``eval.validation_beam_size`` for validation when set, else
+    ``eval.beam_size`` (runs from before those keys: 1, greedy)."""
+    beam = ecfg.get("beam_size", 1)
+    return (ecfg.get("validation_beam_size") or beam) if split == "validation" else beam
+
+
 def compile_decode(graphdef: Any, max_len: int, cached: bool = True, num_seeds: int | None = None,
                    beam_size: int = 1, length_penalty: float = 0.6):
     """The jitted decoder for one model graph: greedy for ``beam_size=1`` (``cached=False``:

@@ -19,7 +19,7 @@ from flax import nnx
 from attn_lab.data import Task, load_task
 from attn_lab.models import build_model, model_class
 from attn_lab.train.checkpoint import Checkpointer
-from attn_lab.train.decode import compile_decode, supports_cached_decoding
+from attn_lab.train.decode import compile_decode, split_beam_size, supports_cached_decoding
 from attn_lab.train.metrics import translation_scores
 from attn_lab.train.steps import init_state, make_optimizer, merge, model_state
 
@@ -45,12 +45,12 @@ class FinishedRun:
 
     def decode_scorer(self, batches: list[dict], split: str, metric: str) -> Callable:
         """A :data:`~attn_lab.analysis.importance.Scorer` that decodes ``batches`` (the first batches of ``split``)
-        under head masks as the run's evaluation did (``eval.beam_size``, ``eval.length_penalty``; runs from before
-        those keys decoded greedily): per-example exact match, and the corpus value ``metric`` ('bleu' or
-        'exact_match')."""
+        under head masks as the run's evaluation of that split did (``eval.beam_size``, or for validation
+        ``eval.validation_beam_size`` when set; ``eval.length_penalty``; runs from before those keys decoded
+        greedily): per-example exact match, and the corpus value ``metric`` ('bleu' or 'exact_match')."""
         decode = compile_decode(self.graphdef, self.task.max_target_length,
                                 supports_cached_decoding(merge(self.graphdef, self.state)),
-                                beam_size=self.config.eval.get("beam_size", 1),
+                                beam_size=split_beam_size(self.config.eval, split),
                                 length_penalty=self.config.eval.get("length_penalty", 0.6))
         refs = self.task.references(split)
 

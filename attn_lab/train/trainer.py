@@ -31,7 +31,7 @@ from attn_lab.train import metrics as metrics_lib
 from attn_lab.train.capture import as_layers, capture_step, track_summary
 from attn_lab.train.checkpoint import Checkpointer, CheckpointError
 from attn_lab.train.config import validate_config
-from attn_lab.train.decode import compile_decode, supports_cached_decoding
+from attn_lab.train.decode import compile_decode, split_beam_size, supports_cached_decoding
 from attn_lab.train.logging import METRICS_FILE, MetricLogger
 from attn_lab.train.parallel import DataParallel, main_process_first
 from attn_lab.train.prefetch import Prefetcher
@@ -102,9 +102,7 @@ class Run:
                                                         gates=config.heads.gates,
                                                         num_steps=config.train.num_steps,
                                                         loss_cfg=config.loss)
-        self.decode = (compile_decode(self.graphdef, self.task.max_target_length, supports_cached_decoding(models[0]),
-                                      num_seeds=n, beam_size=config.eval.beam_size,
-                                      length_penalty=config.eval.length_penalty) if models[0].GENERATES else None)
+        self.decoders = _decoders(self.graphdef, self.task.max_target_length, models[0], n, config.eval)
         self.capture = (jax.jit(seed_map(capture_step(self.graphdef), n, (0, None)))
                         if config.heads.track else None)
         states = [init_state(nnx.to_pure_dict(nnx.state(m, nnx.Param)), model_state(m), tx, s)
@@ -127,8 +125,9 @@ class Run:
 
     def evaluate(self, split: str) -> list[dict[str, float]]:
         """Per seed: loss and accuracy on ``split``; translation adds BLEU and exact match of the decoded outputs
-        (greedy, or beam search with ``eval.beam_size > 1``)."""
+        (greedy, or beam search with ``eval.beam_size > 1``; validation with ``eval.validation_beam_size`` if set)."""
         tcfg, state, n = self.config.train, self.state, len(self.seeds)
+        decode = self.decoders.get(split, self.decoders.get("test"))
         sums, hyps = {k: np.zeros(n) for k in ("loss", "correct", "weight")}, [[] for _ in range(n)]
         batches = self.task.dataset(split, tcfg.batch_size, train=False, shard=self.parallel.shard)  # this host's rows
         for i, batch in enumerate(batches):
@@ -137,12 +136,12 @@ class Run:
             placed = self.parallel.batch(batch)
             step_sums = self.parallel.fetch(self.eval_step(state, placed))
             sums = {k: sums[k] + np.asarray(v, np.float64) for k, v in step_sums.items()}
-            if self.decode is not None:
-                ids = self.parallel.fetch(self.decode(state, placed["inputs"]))  # (S, B, T)
+            if decode is not None:
+                ids = self.parallel.fetch(decode(state, placed["inputs"]))  # (S, B, T)
                 for seed_hyps, rows in zip(hyps, ids):
                     seed_hyps += [self.task.decode(row) for row in rows]
         results = [metrics_lib.summarize({k: float(v[i]) for k, v in sums.items()}) for i in range(n)]
-        if self.decode is not None:
+        if decode is not None:
             refs = self.task.references(split)[: len(hyps[0])]
             for result, seed_hyps in zip(results, hyps):
                 result.update(metrics_lib.translation_scores(seed_hyps[: len(refs)], refs,
@@ -181,7 +180,8 @@ class Run:
 
     def compilations(self) -> dict[str, int]:
         """How many times each jitted function compiled in this process (one per padded shape bucket)."""
-        fns = {"train_step": self.train_step, "eval_step": self.eval_step, "decode": self.decode}
+        fns = {"train_step": self.train_step, "eval_step": self.eval_step, "decode": self.decoders.get("test"),
+               "decode_validation": self.decoders.get("validation")}
         return {k: f._cache_size() for k, f in fns.items() if f is not None}
 
     def close(self) -> None:
@@ -192,6 +192,22 @@ class Run:
         finally:
             for lock in self.locks:
                 lock.release()
+
+
+def _decoders(graphdef: Any, max_len: int, model: nnx.Module, num_seeds: int, ecfg: Any) -> dict[str, Any]:
+    """The jitted decoder per split of a generating model ({} otherwise): ``test`` decodes with
+    ``eval.beam_size``; ``validation`` gets its own program only when ``eval.validation_beam_size`` differs (greedy
+    validation keeps a beam-4 run's periodic evaluations at about a sixth of their decoding time, and reported test
+    numbers still come from the beam), else it shares the test decoder."""
+    if not model.GENERATES:
+        return {}
+    cached = supports_cached_decoding(model)
+
+    def decoder(beam_size: int) -> Any:
+        return compile_decode(graphdef, max_len, cached, num_seeds=num_seeds, beam_size=beam_size,
+                              length_penalty=ecfg.length_penalty)
+    test, validation = split_beam_size(ecfg, "test"), split_beam_size(ecfg, "validation")
+    return {"test": decoder(test)} | ({"validation": decoder(validation)} if validation != test else {})
 
 
 def _load_task(config: Any) -> Any:
