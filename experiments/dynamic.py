@@ -43,8 +43,8 @@ VARIANTS = {
     "softmax": {"model.attention.name": "dense"},
     "entmax15": {"model.attention.name": "entmax", "model.attention.entmax.alpha": 1.5},
     # 25 bisection steps, not the entmax package's 50: the interval for tau starts at most 1 wide, so after 25
-    # halvings it is below float32's resolution (tests/test_kernel_entmax.py), at half the cost of the row that
-    # set the quick preset's wall time (0.125 steps/s at 50, against 0.34 for entmax15's exact path).
+    # halvings it is below float32's resolution (tests/test_kernel_entmax.py); the row that sets the quick preset's
+    # wall time then trains at 0.195 steps/s instead of 0.125 (entmax15's exact path: 0.34; docs/dynamic.md).
     "entmax_learned": {"model.attention.name": "entmax", "model.attention.entmax.alpha": 1.5,
                        "model.attention.entmax.learn_alpha": True, "model.attention.entmax.n_iter": 25},
     "adaptive_span": {"model.attention.name": "adaptive_span", "model.kinds.cross.attention": "dense", **SPAN},

@@ -104,7 +104,7 @@ def test_bisection_matches_test_bisection(alpha):
 @pytest.mark.parametrize("alpha", [1.1, 1.5, PER_HEAD], ids=["1.1", "1.5", "per-head"])
 def test_25_bisection_steps_reach_float32_resolution(alpha):
     """25 halvings of tau's interval (at most 1 wide) already meet the float64 reference as 50 do, support and all:
-    what lets experiments/dynamic.py run learned alphas at half the cost. (15 steps miss it by 1e-5 to 5e-5.)"""
+    what lets experiments/dynamic.py train learned alphas with 25. (15 steps miss it by 1e-5 to 5e-5.)"""
     z, keep = _logits(), _keep()
     a = jnp.asarray(np.broadcast_to(alpha, (1, N, 1, 1)), jnp.float32)  # an array alpha: the bisection path
     ref = _bisect_ref(z, np.broadcast_to(alpha, (1, N, 1, 1)), keep)
