@@ -30,7 +30,7 @@ from attn_lab.models import build_model
 from attn_lab.models.transformer import EOS, PAD
 from attn_lab.train.beam import beam_search, beam_search_uncached
 from attn_lab.train.config import base_config, validate_config
-from attn_lab.train.decode import compile_decode, greedy_decode, greedy_decode_uncached
+from attn_lab.train.decode import compile_decode, greedy_decode, greedy_decode_uncached, supports_cached_decoding
 from attn_lab.train.metrics import translation_scores
 from attn_lab.train.restore import load_finished_run
 from attn_lab.train.seeds import stack
@@ -120,6 +120,25 @@ def test_cached_beam_equals_uncached(trained):
     assert cached.shape == (8, T) and ((cached == EOS).sum(1) <= 1).all()
     after_eos = np.cumsum(cached == EOS, axis=1) - (cached == EOS)  # 1 strictly after the EOS
     assert (cached[after_eos > 0] == 0).all()
+
+
+def test_adaptive_span_cached_decoding_equals_uncached():
+    """Adaptive span decodes from the KV cache (the cache slot is the query's position): greedy and beam 4 pick the
+    tokens of the uncached search, which re-runs the prefix through the blockwise kernel. Spans are short enough
+    (z + R = 4 of 8 positions) that the distance cut acts; a cached step that placed the query elsewhere differs."""
+    cfg = _cfg()
+    cfg.attention.name, cfg.kinds.cross.attention = "adaptive_span", "dense"
+    cfg.attention.adaptive_span.update(max_span=8, ramp=2.0, init_span=0.25)
+    with jax.default_matmul_precision("highest"):
+        graphdef, state = _train(build_model(cfg, kind="translation", vocab_size=V, max_len=16), steps=60)
+        assert supports_cached_decoding(merge(graphdef, state))
+        inputs = _inputs(102)
+        want = jax.jit(functools.partial(greedy_decode_uncached, graphdef=graphdef, max_len=T))(state, inputs)
+        got = jax.jit(functools.partial(greedy_decode, graphdef=graphdef, max_len=T))(state, inputs)
+        np.testing.assert_array_equal(got, want)
+        assert len({tuple(r) for r in np.asarray(want)}) > 1
+        beam = _search(graphdef, state, inputs, beam_size=4)
+        np.testing.assert_array_equal(beam, _search(graphdef, state, inputs, beam_size=4, cached=False))
 
 
 # --- exhaustive reference on a tiny model ------------------------------------------------------------------------

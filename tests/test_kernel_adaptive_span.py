@@ -243,9 +243,33 @@ def test_bad_options_are_one_line_errors(option, value, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("kv_heads", [N, 2])
+def test_decode_equals_the_causal_forward_and_the_naive_formula(kv_heads):
+    """KV-cache decoding, one token per call (the module passes the cache slot as the query's position): per-head
+    spans shorter than T, one at 0 (ramp only), so the distance cut acts in decode too. Steps equal the blockwise
+    causal forward pass and the float64 formula on the same projections; the sown weights are exactly 0 beyond
+    z + R and at unwritten slots, and positive inside."""
+    t, d, ramp = 48, 64, 4.0
+    m = MultiHeadAttention(N, d, num_kv_heads=kv_heads, rngs=nnx.Rngs(0),
+                           attention={"name": "adaptive_span", "max_span": 32, "ramp": ramp, "block_size": 16})
+    m.kernel.span_fraction[...] = jnp.array([0.0, 0.11, 0.4, 1.0])  # spans 0, 3.52, 12.8, 32 tokens
+    spans = np.asarray(m.kernel.spans())
+    x = np_randn(5, (B, t, d))
+    full = m(x, is_causal=True)  # (B, T, d)
+    m.init_cache((B, t, d))
+    steps = jnp.concatenate([m(x[:, i:i + 1], decode=True, sow_weights=True) for i in range(t)], axis=1)
+    heads, _ = _naive(m.query(x), m.key(x), m.value(x), spans, ramp, True, np.ones((B, t)))  # (B, T, N, H)
+    np.testing.assert_allclose(steps, full, atol=1e-5)
+    np.testing.assert_allclose(steps, m.out(jnp.asarray(heads, jnp.float32)), atol=1e-5)
+    weights = np.concatenate(nnx.pop(m, nnx.Intermediate)["attention_weights"], axis=2)  # (B, N, T, T)
+    x_ij = np.arange(t)[:, None] - np.arange(t)[None, :]
+    seen = (x_ij >= 0) & (x_ij < spans[:, None, None] + ramp)  # (N, T, T)
+    assert weights.shape == (B, N, t, t) and np.all(weights[:, ~seen] == 0.0) and np.all(weights[:, seen] > 0.0)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
+
+
 def test_unsupported_uses_are_one_line_errors():
-    assert not (KERNELS["adaptive_span"].supports_cross or KERNELS["adaptive_span"].supports_decode
-                or KERNELS["adaptive_span"].supports_dropout)
+    assert not (KERNELS["adaptive_span"].supports_cross or KERNELS["adaptive_span"].supports_dropout)
     m = MultiHeadAttention(N, 32, attention="adaptive_span", rngs=nnx.Rngs(0))
     x = np_randn(1, (B, 16, 32))
     cases = [
@@ -254,8 +278,6 @@ def test_unsupported_uses_are_one_line_errors():
         (lambda: MultiHeadAttention(N, 32, attention="adaptive_span", dropout_rate=0.1, rngs=nnx.Rngs(0)),
          "does not support attention dropout"),
     ]
-    m.init_cache((B, 16, 32))
-    cases.append((lambda: m(x[:, :1], decode=True), "does not support KV-cache decoding"))
     for call, message in cases:
         with pytest.raises(ValueError, match=message) as err:
             call()

@@ -138,18 +138,22 @@ def adaptive_span_attention(query: jax.Array, key: jax.Array, value: jax.Array, 
 
 
 def span_weights(query: jax.Array, key: jax.Array, spans: jax.Array, *, ramp: float, is_causal: bool = False,
-                 key_valid: jax.Array | None = None, precision: Any = None) -> jax.Array:
-    """The dense ``[B, N, T, T]`` matrix :func:`adaptive_span_attention` implies (O(T^2): analysis at small T)."""
+                 key_valid: jax.Array | None = None, precision: Any = None,
+                 query_start: jax.Array | int = 0) -> jax.Array:
+    """The dense ``[B, N, T, S]`` matrix :func:`adaptive_span_attention` implies (O(T S): analysis at small T, and a
+    decode step, T = 1, against S cached keys). Query t sits at position ``query_start + t``, key s at s."""
     b, t, n, h = query.shape
+    s = key.shape[1]
     f = jnp.promote_types(query.dtype, jnp.float32)
     q = group_heads(query, key.shape[2]) / jnp.sqrt(h).astype(query.dtype)  # (B, T, K, G, H)
     logits = jnp.einsum("btkgh,bskh->bkgts", q, key, precision=precision,
-                        preferred_element_type=f).reshape(b, n, t, t)  # (B, N, T, T)
-    m = span_mask(jnp.arange(t)[:, None] - jnp.arange(t)[None, :], spans.astype(f), ramp, is_causal)  # (N,T,T)
-    valid = jnp.ones((b, t), bool) if key_valid is None else key_valid.astype(bool)
+                        preferred_element_type=f).reshape(b, n, t, s)  # (B, N, T, S)
+    offset = (query_start + jnp.arange(t))[:, None] - jnp.arange(s)[None, :]  # (T, S): query - key position
+    m = span_mask(offset, spans.astype(f), ramp, is_causal)  # (N, T, S)
+    valid = jnp.ones((b, s), bool) if key_valid is None else key_valid.astype(bool)
     stats = jnp.full((b, n, t), NEG, f)
     _, total, _, p = fold((stats, jnp.zeros_like(stats), stats[..., None]), logits, m, valid[:, None, None, :])
-    return (p / total[..., None]).astype(query.dtype)  # total > 0: the key at distance 0 has m = 1
+    return (p / total[..., None]).astype(query.dtype)  # total > 0 when the key at distance 0 is there (m = 1)
 
 
 def _check(name: str, value: Any, ok: bool, allowed: str) -> None:
@@ -172,15 +176,16 @@ class AdaptiveSpanAttention(AttentionKernel):
     ``z = S clip(v, 0, 1)`` in value; its gradient reaches v straight through the clip, as in the paper's code,
     where v enters the mask unclipped and is clamped to [0, 1] after each optimizer step: here no step hook exists,
     so a v pushed past a bound keeps the penalty's gradient and returns. Self-attention only (distances between
-    two sequences are undefined), key-padding masks only, no KV-cache decoding (the kernel never sees the cache
-    position of a decoded query), no attention dropout. ``need_weights`` returns the dense matrix and the output
-    computed from it, so ``out == dense.apply_weights(weights, value)``. Tests compare at 'highest' matmul
-    precision (tests/conftest.py).
+    two sequences are undefined), key-padding masks only, no attention dropout. KV-cache decoding: the module
+    passes the decoded query's cache slot (``decode_needs_position``), and one step is :func:`span_weights` over
+    the cache -- O(S_max) per step and head, like dense decoding (the blockwise path is for long training
+    sequences). ``need_weights`` returns the dense matrix and the output computed from it, so
+    ``out == dense.apply_weights(weights, value)``. Tests compare at 'highest' matmul precision (tests/conftest.py).
     """
 
     supports_cross = False
-    supports_decode = False
     supports_dropout = False
+    decode_needs_position = True
     penalty_key = "span"  # config.loss.span.weight x penalty(), summed over layers (attn_lab/train/learned.py)
 
     def __init__(self, *, max_span: int = 1024, ramp: float = 32.0, init_span: float = 0.0, block_size: int = 64,
@@ -209,9 +214,14 @@ class AdaptiveSpanAttention(AttentionKernel):
         return {"span": self.spans()}
 
     def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
-                 deterministic, precision, need_weights):
-        self.check_call(query, key, dropout_rate, deterministic)
+                 deterministic, precision, need_weights, query_position=None):
         opts = dict(ramp=self.ramp, is_causal=is_causal, key_valid=key_padding(mask, self.name), precision=precision)
+        if query_position is not None:  # decode: queries [B, 1, N, H] at query_position, keys = the cache [B, S, K, H]
+            self.check(dropout=dropout_rate > 0.0 and not deterministic)
+            opts["is_causal"] = True  # decoding is causal: keys after the query are unwritten cache slots
+            weights = span_weights(query, key, self.spans(), query_start=query_position, **opts)  # (B, N, 1, S)
+            return apply_weights(weights, value, precision), weights if need_weights else None
+        self.check_call(query, key, dropout_rate, deterministic)
         if need_weights:
             weights = span_weights(query, key, self.spans(), **opts)  # (B, N, T, T)
             return apply_weights(weights, value, precision), weights

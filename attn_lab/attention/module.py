@@ -175,11 +175,13 @@ class MultiHeadAttention(nnx.Module):
         if self.normalize_qk:
             query, key = self.query_ln(query), self.key_ln(key)
         mask = merge_mask(mask, batch)  # (B|1, N|1, T|1, S)
+        position = None
         if decode:
             key, value, mask = self._update_cache(key, value, mask, batch)  # (B, S_max, K, H)
+            position = self.cache_index[...] - 1  # (): the slot just written, the decoded query's position
         dropout_rng, deterministic = self._dropout_rng(deterministic, rngs)
         out, weights = self._attend(query, key, value, mask, batch, is_causal and not decode, dropout_rng,
-                                    deterministic, sow_weights)  # (B, T, N, H)
+                                    deterministic, sow_weights, position)  # (B, T, N, H)
         if sow_weights and weights is not None:
             self.sow(nnx.Intermediate, "attention_weights", split_batch(weights, batch))  # (*batch, N, T, S)
         if head_mask is not None:
@@ -206,7 +208,7 @@ class MultiHeadAttention(nnx.Module):
                                  f"{tuple(inputs_q.shape)}: [batch..., length, features]")
         return inputs_q, inputs_k, inputs_v
 
-    def _attend(self, query, key, value, mask, batch, is_causal, dropout_rng, deterministic, sow_weights):
+    def _attend(self, query, key, value, mask, batch, is_causal, dropout_rng, deterministic, sow_weights, position):
         common = dict(dropout_rng=dropout_rng, dropout_rate=self.dropout_rate, broadcast_dropout=self.broadcast_dropout,
                       deterministic=deterministic, precision=self.precision, is_causal=is_causal)
         if self.attention_fn is not None:  # a user's flax-style function, called as flax does: [batch..., T, N, H]
@@ -214,6 +216,8 @@ class MultiHeadAttention(nnx.Module):
             out = self.attention_fn(split(query), split(key), split(value), mask=split(mask), dtype=self.dtype,
                                     module=self if sow_weights else None, **common)  # (*batch, T, N, H)
             return out.reshape((math.prod(batch), *out.shape[len(batch):])), None
+        if position is not None and self.kernel.decode_needs_position:
+            common["query_position"] = position
         return self.kernel(query, key, value, mask=mask, need_weights=sow_weights, **common)
 
     def _expand_head_mask(self, head_mask: Array, batch: tuple[int, ...], dtype: Any) -> Array:

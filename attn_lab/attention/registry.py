@@ -32,6 +32,9 @@ class AttentionKernel(nnx.Module):
     supports_decode: ClassVar[bool] = True
     supports_weights: ClassVar[bool] = True  # can materialize the attention matrix it implies
     supports_dropout: ClassVar[bool] = True  # dropout on attention weights (needs the weights)
+    # decode calls also get ``query_position`` (the cache slot of the decoded query): kernels whose weights depend on
+    # the query-key distance (adaptive span) need it; the others' signature stays as below
+    decode_needs_position: ClassVar[bool] = False
     # a kernel with a learned shape regularizes it through ``config.loss.<penalty_key>.weight`` (adaptive span: 'span')
     penalty_key: ClassVar[str | None] = None
 
@@ -76,6 +79,8 @@ class AttentionKernel(nnx.Module):
           mask: boolean, broadcastable to ``[batch, num_heads, q_len, kv_len]``; False masks a key out.
           is_causal: overlay a causal mask (query i sees keys j <= i).
           need_weights: also return the attention matrix ``[batch, num_heads, q_len, kv_len]``.
+          query_position: (only kernels with ``decode_needs_position``, only when decoding) the cache slot of the
+            query, an int32 scalar; keys are the whole cache, the slots not yet written masked out by ``mask``.
 
         Returns:
           ``(out [batch, q_len, num_heads, head_dim], weights or None)``.
