@@ -216,14 +216,14 @@ class AdaptiveSpanAttention(AttentionKernel):
     def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
                  deterministic, precision, need_weights, query_position=None):
         opts = dict(ramp=self.ramp, is_causal=is_causal, key_valid=key_padding(mask, self.name), precision=precision)
-        if query_position is not None:  # decode: queries [B, 1, N, H] at query_position, keys = the cache [B, S, K, H]
+        decode = query_position is not None  # queries [B, 1, N, H] at query_position, keys = the cache [B, S, K, H]
+        if decode:  # causal: keys after the query are unwritten cache slots
             self.check(dropout=dropout_rate > 0.0 and not deterministic)
-            opts["is_causal"] = True  # decoding is causal: keys after the query are unwritten cache slots
-            weights = span_weights(query, key, self.spans(), query_start=query_position, **opts)  # (B, N, 1, S)
+            opts.update(is_causal=True, query_start=query_position)
+        else:
+            self.check_call(query, key, dropout_rate, deterministic)
+        if need_weights or decode:
+            weights = span_weights(query, key, self.spans(), **opts)  # (B, N, T, S)
             return apply_weights(weights, value, precision), weights if need_weights else None
-        self.check_call(query, key, dropout_rate, deterministic)
-        if need_weights:
-            weights = span_weights(query, key, self.spans(), **opts)  # (B, N, T, T)
-            return apply_weights(weights, value, precision), weights
         return adaptive_span_attention(query, key, value, self.spans(), max_span=self.max_span,
                                        block_size=self.block_size, **opts), None
