@@ -70,7 +70,8 @@ def base_config() -> ml_collections.ConfigDict:
     })
     c.train = ml_collections.ConfigDict({
         "num_steps": 2000, "batch_size": 64, "learning_rate": 1e-3, "warmup_steps": 200, "schedule": "rsqrt",
-        "weight_decay": 0.01, "label_smoothing": 0.1, "grad_clip": 1.0, "log_every": 50, "eval_every": 500,
+        "weight_decay": 0.01, "weight_decay_on": "matrices", "label_smoothing": 0.1, "grad_clip": 1.0,
+        "log_every": 50, "eval_every": 500,
         "checkpoint_every": 500, "max_eval_batches": config_dict.placeholder(int),
         "init_from": config_dict.placeholder(str),  # a finished run's folder: start from its parameters
     })
@@ -98,7 +99,8 @@ def base_config() -> ml_collections.ConfigDict:
 
 CHOICES = {"model.norm": ("pre", "post"), "model.dtype": ("float32", "bfloat16"),
            "model.positions": ("sinusoidal", "learned"), "model.pooling": ("mean", "cls"),
-           "train.schedule": ("rsqrt", "cosine")}
+           "train.schedule": ("rsqrt", "cosine"),
+           "train.weight_decay_on": ("matrices", "all")}  # see attn_lab/train/steps.py: decayed
 TYPES = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
 
 
@@ -130,7 +132,7 @@ SCALARS: dict[str, tuple] = {
                      "train.checkpoint_every"), _POSITIVE_INT),
     "train.max_eval_batches": _OPTIONAL_POSITIVE_INT,
     "train.warmup_steps": _rule(int, ">= 0", lambda v: v >= 0),
-    "train.learning_rate": _POSITIVE, "train.weight_decay": _NON_NEGATIVE,
+    "train.learning_rate": _POSITIVE, "train.weight_decay": _NON_NEGATIVE, "train.weight_decay_on": _STR,
     "train.grad_clip": _rule(float, "positive (the bound on the global gradient norm; 0 would stop learning)",
                              lambda v: v > 0),
     "train.init_from": _OPTIONAL_STR,

@@ -68,13 +68,31 @@ class FinishedRun:
         return [ds[i] for i in range(n)]
 
 
+# Config keys added after runs existed, with the value that reproduces how a run without them was trained (so a
+# run from before restores with its own optimizer state and its derived runs -- gates, fine-tuning -- validate).
+LEGACY_KEYS = {"train.weight_decay_on": "all"}
+
+
+def with_legacy_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config`` (a run's config.json) with every :data:`LEGACY_KEYS` entry it lacks set to its old behaviour."""
+    for dotted, value in LEGACY_KEYS.items():
+        *parents, leaf = dotted.split(".")
+        node = config
+        for name in parents:
+            node = node[name]
+        if leaf not in node:
+            with node.unlocked():
+                node[leaf] = value
+    return config
+
+
 def load_finished_run(workdir: str) -> FinishedRun:
     """Rebuilds the model from ``workdir/config.json`` and restores its latest checkpoint."""
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         raise ValueError(f"{workdir} is not a run folder (no config.json)")
     with open(path) as f:
-        config = ml_collections.ConfigDict(json.load(f))
+        config = with_legacy_keys(ml_collections.ConfigDict(json.load(f)))
     task = load_task(config.task, config.task.data_dir)
     max_len = max(task.max_input_length, task.max_target_length or 0) + 1
     gates = config.get("heads", {}).get("gates")
