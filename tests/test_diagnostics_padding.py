@@ -101,7 +101,7 @@ def _captured_decoder_self(attention: str):
              "targets": np.array(jax.random.randint(jax.random.key(2), (3, 7), 4, 12))}
     batch["targets"][1, 4:] = 0  # padding
     captured = jax.jit(capture_step(graphdef))(state, batch)
-    return as_layers(captured, batch)["decoder_self/0"], batch
+    return as_layers(captured)["decoder_self/0"], batch
 
 
 def test_causal_decoder_statistics_count_only_the_keys_each_row_may_see():

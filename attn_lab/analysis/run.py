@@ -25,4 +25,4 @@ def finished_results(workdir: str) -> dict:
 def capture_maps(run: FinishedRun, batch: dict) -> dict[str, dict[str, np.ndarray]]:
     """``'<kind>/<layer>'`` -> attention maps ``[B, N, T, S]``, head outputs, key validity (``[B, S]``;
     causal decoder self-attention ``[B, T, S]``) and query validity ``[B, T]``."""
-    return as_layers(jax.jit(capture_step(run.graphdef))(run.state, batch), batch)
+    return as_layers(jax.jit(capture_step(run.graphdef))(run.state, batch))

@@ -255,6 +255,18 @@ class Seq2Seq(nnx.Module):
         logits = self(batch["inputs"], batch["targets"], ctx, head_masks)  # (B, T, V)
         return logits, batch["targets"], (batch["targets"] != PAD).astype(jnp.float32)
 
+    def attention_rows(self, batch: dict) -> dict[str, tuple[jax.Array, jax.Array]]:
+        """Per attention kind, which query rows are real ``[B, T]`` and which keys each row may see ``[B, T, S]``
+        (padding and, in the causal decoder, the future excluded): what statistics of captured maps average over.
+        The decoder's queries are its BOS-shifted inputs; row t is real when target t is (it is scored)."""
+        src, tgt = batch["inputs"] != PAD, batch["targets"] != PAD  # (B, S), (B, T)
+        t = tgt.shape[1]
+        dec_keys = jnp.pad(tgt, ((0, 0), (1, 0)), constant_values=True)[:, :-1]  # (B, T): BOS, then targets
+        causal = dec_keys[:, None, :] & jnp.tril(jnp.ones((t, t), bool))  # (B, T, T)
+        return {"encoder_self": (src, jnp.broadcast_to(src[:, None, :], (*src.shape, src.shape[1]))),
+                "decoder_self": (tgt, causal),
+                "cross": (tgt, jnp.broadcast_to(src[:, None, :], (*tgt.shape, src.shape[1])))}
+
     def init_cache(self, batch_size: int, max_len: int) -> None:
         """Preallocates every decoder self-attention's KV cache for greedy decoding."""
         for block in self.decoder.blocks:
@@ -297,6 +309,14 @@ class Classifier(nnx.Module):
             w = valid[..., None].astype(h.dtype)
             pooled = (h * w).sum(1) / jnp.maximum(w.sum(1), 1.0)  # (B, d)
         return self.head(pooled)
+
+    def attention_rows(self, batch: dict) -> dict[str, tuple[jax.Array, jax.Array]]:
+        """``{'encoder_self': (real query rows [B, T], visible keys [B, T, T])}``; T counts the CLS token in front
+        (always real) when pooling is 'cls'."""
+        valid = batch["inputs"] != PAD  # (B, L)
+        if self.cls is not None:
+            valid = jnp.pad(valid, ((0, 0), (1, 0)), constant_values=True)  # (B, L + 1)
+        return {"encoder_self": (valid, jnp.broadcast_to(valid[:, None, :], (*valid.shape, valid.shape[1])))}
 
     def forward_batch(self, batch: dict, ctx: Ctx = Ctx(),
                       head_masks: dict | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:

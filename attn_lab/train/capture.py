@@ -18,34 +18,27 @@ from attn_lab.train.steps import merge
 
 
 def capture_step(graphdef: Any) -> Callable[[dict, dict], dict]:
-    """``(state, batch) -> {'<kind>/<layer>': {'attention_weights', 'head_outputs', 'values'}}`` (pure, jittable)."""
+    """``(state, batch) -> {'<kind>/<layer>': {'attention_weights', 'head_outputs', 'values', 'valid_queries',
+    'valid_keys'}}`` (pure, jittable); the row masks are the model's own (``attention_rows``)."""
     def captured(state: dict, batch: dict) -> dict:
         model = merge(graphdef, state)
         model.forward_batch(batch, Ctx(capture=True))
-        return {f"{k}/{layer}": {name: v[0] for name, v in nnx.to_pure_dict(nnx.pop(attn, nnx.Intermediate)).items()}
-                for k, layer, attn in attention_layers(model)}
+        rows = model.attention_rows(batch)
+        out = {}
+        for k, layer, attn in attention_layers(model):
+            values = {name: v[0] for name, v in nnx.to_pure_dict(nnx.pop(attn, nnx.Intermediate)).items()}
+            out[f"{k}/{layer}"] = {**values, "valid_queries": rows[k][0], "valid_keys": rows[k][1]}
+        return out
     return captured
 
 
-def as_layers(captured: dict, batch: dict) -> dict[str, dict[str, np.ndarray]]:
-    """Captured arrays as numpy, with each layer's key validity and query validity ``[B, T]`` (encoder
-    self-attention: source side; decoder self- and cross-attention: target side). Keys are ``[B, S]`` (source
-    padding), except in the causal decoder self-attention: ``[B, T, S]``, row t seeing the valid targets <= t, so
-    statistics such as the share of zero weights do not count the future keys the causal mask hides."""
-    out = {}
-    for name, values in captured.items():
-        maps = np.asarray(values["attention_weights"])  # (B, N, T, S)
-        causal = name.startswith("decoder_self")
-        keys = np.asarray(batch["targets"] if causal else batch["inputs"]) != 0
-        if causal:
-            keys = keys[:, None, :] & np.tri(maps.shape[-2], maps.shape[-1], dtype=bool)  # (B, T, S)
-        queries = np.asarray(batch["inputs"] if name.startswith("encoder_self") else batch["targets"]) != 0
-        if maps.shape[-1] == keys.shape[-1] + 1:  # classifier with a CLS token in front
-            keys = np.pad(keys, ((0, 0), (1, 0)), constant_values=True)
-            queries = keys
-        out[name] = {"maps": maps, "valid_keys": keys, "valid_queries": queries,
-                     "head_outputs": np.asarray(values["head_outputs"])}
-    return out
+def as_layers(captured: dict) -> dict[str, dict[str, np.ndarray]]:
+    """Captured arrays as numpy: maps ``[B, N, T, S]``, head outputs, and each layer's real query rows ``[B, T]``
+    and the keys each row sees ``[B, T, S]`` (causal decoder rows see the targets <= t), so statistics such as the
+    share of zero weights do not count padding or the future keys the causal mask hides."""
+    return {name: {"maps": np.asarray(v["attention_weights"]), "valid_keys": np.asarray(v["valid_keys"]),
+                   "valid_queries": np.asarray(v["valid_queries"]), "head_outputs": np.asarray(v["head_outputs"])}
+            for name, v in captured.items()}
 
 
 def track_summary(layers: dict[str, dict[str, np.ndarray]]) -> dict[str, float]:

@@ -1,31 +1,35 @@
 """Head-diversity regularizers, computed inside the jitted train step from what the forward pass captured.
 
 Each regularizer is a *similarity* between the heads of one attention layer (0 for disjoint / orthogonal heads,
-largest for identical heads); the training loss adds ``weight x`` its mean over the chosen layers, so minimizing the
-loss pushes heads apart. All are vectorized over head pairs (one ``[N, N]`` Gram matrix, no loop over heads):
+largest for identical heads); the training loss adds ``weight x`` its mean over the chosen layers and the examples
+of the batch, so minimizing the loss pushes heads apart. None loops over heads or head pairs.
 
-- ``map_cosine``: ``sum_{i<j} relu(cos(A_i, A_j) - tau)``, A_i head i's attention map -- a hinge on near-duplicate
-  maps (cosine above ``tau``), this lab's own variant of the map-similarity penalty; not taken from a paper;
-- ``subspace``, ``position``, ``output`` (Li et al. 2018, "Multi-Head Attention with Disagreement
-  Regularization", EMNLP): mean over pairs of the cosine between heads' value vectors, of ``sum |A_i (.) A_j|`` over key
-  positions, and of the cosine between heads' outputs -- the negatives of the paper's disagreement terms;
+Li et al. 2018 ("Multi-Head Attention with Disagreement Regularization", EMNLP; Eq. 4-7) maximize
+``L(y|x) + lambda D`` with, for one sentence and one attention layer of ``N`` heads,
+
+    D_subspace = -(1/N^2) sum_i sum_j cos(V^i, V^j)      V^i: head i's values, [S, d_v]
+    D_position = -(1/N^2) sum_i sum_j |A^i (.) A^j|       A^i: head i's attention matrix, [T, S]; |.| sums entries
+    D_output   = -(1/N^2) sum_i sum_j cos(O^i, O^j)      O^i: head i's outputs, [T, d_v]
+
+over *all* ordered pairs, ``i = j`` included. ``subspace``, ``position`` and ``output`` here are exactly ``-D`` (the
+cosine of two matrices is that of the flattened matrices: the Frobenius inner product over the norms), so
+``weight = 1`` is the paper's ``lambda = 1`` when its likelihood is read, as its Transformer trainer computes it, as
+the mean token log-likelihood of a batch and ``D`` as the mean over the batch's sentences (and over the regularized
+layers). Only real rows and positions count: padded query rows are zeroed (their outputs are never used), padded
+keys have no value, and in the map terms a query row that sees a single key (the causal decoder's row 0) is left
+out -- its map is the same one-hot in every head, a constant that would only raise the similarity floor.
+``tests/test_diversity_scale.py`` writes the paper's double sums out naively and checks them against these.
+
+The sums over pairs collapse: ``(1/N^2) sum_ij <u_i, u_j> = ||mean_i u_i||^2`` (u_i unit vectors, or maps).
+
+- ``map_cosine``: ``sum_{i<j} relu(cos(A_i, A_j) - tau)`` on the flattened maps of real rows -- a hinge on
+  near-duplicate maps (source article 002, weight 0.01, tau 0.5); not from Li et al.;
 - ``qk_orthogonal``: mean over pairs of the overlap of the per-head query (and key) projection subspaces, 0 when
-  orthogonal, 1 when identical.
+  orthogonal, 1 when identical (this lab's own).
 
-Scale against Li et al. (so a weight here maps onto the paper's ``lambda``, which it sets to 1). The paper writes
-each disagreement as ``-(1/N^2) sum_i sum_j s_ij`` over *all* ordered head pairs, diagonal included, with ``N`` heads;
-here pairs are ``i < j`` and averaged. With ``P = N (N - 1) / 2`` pairs:
-
-- ``subspace``, ``output``: cosine, computed per position and example, then averaged. Since ``s_ii = 1``, the paper's
-  similarity is ``1/N + ((N - 1)/N) x`` this value: equal gradients need ``weight = lambda (N - 1) / N``.
-- ``position``: ``s_ij = sum_{t,s} |A_i (.) A_j|`` sums over the ``T`` query rows of one example; here the pair
-  mean is also averaged over the ``T`` query rows (padded rows included, ``T`` the padded length). So this value
-  ``= (sum_{i<j} s_ij) / (P T)``, and the paper's term is ``(1/N^2) sum_i s_ii + (T (N - 1)/N) x`` this value: its
-  ``i = j`` part (``sum |A_i|^2``, which rewards diffuse maps) is not computed here, and the pair part equals the
-  paper's at ``weight = lambda T (N - 1) / N`` -- a factor that grows with the batch's padded length.
-- All terms are means over the examples of the batch.
-
-``tests/test_diversity_scale.py`` checks these relations against the paper's double sums computed naively.
+Grouped key/value heads (``num_kv_heads < num_heads``): each query head's value subspace is its group's, so
+``subspace`` repeats the shared heads (pairs within a group are constant 1); with a single key/value head every
+head shares one subspace and the term is a constant: the config refuses it (:func:`check_config`).
 """
 
 from __future__ import annotations
@@ -43,11 +47,15 @@ REGULARIZERS = ("map_cosine", "subspace", "position", "output", "qk_orthogonal")
 NEEDS_MAPS = ("map_cosine", "position")
 
 
-
 def pairwise_cosine(x: jax.Array) -> jax.Array:
     """``[..., N, D]`` -> cosine similarity of every pair of rows ``[..., N, N]``."""
-    unit = x * jax.lax.rsqrt(jnp.maximum((x * x).sum(-1, keepdims=True), 1e-18))  # finite gradient at 0
+    unit = unit_rows(x)
     return unit @ jnp.swapaxes(unit, -1, -2)
+
+
+def unit_rows(x: jax.Array) -> jax.Array:
+    """``x`` with each last-axis row scaled to unit length (a zero row stays 0, with a finite gradient)."""
+    return x * jax.lax.rsqrt(jnp.maximum((x * x).sum(-1, keepdims=True), 1e-18))
 
 
 def pair_sum(sim: jax.Array) -> jax.Array:
@@ -61,22 +69,47 @@ def pair_mean(sim: jax.Array) -> jax.Array:
     return pair_sum(sim) / max(n * (n - 1) // 2, 1)
 
 
-def map_cosine(weights: jax.Array, tau: float = 0.5) -> jax.Array:
-    """``weights [B, N, T, S]`` -> hinge on map cosine above ``tau``, summed over pairs, mean over the batch."""
+def map_rows(valid_queries: jax.Array, valid_keys: jax.Array) -> jax.Array:
+    """``[B, T]`` 1.0 for the query rows a map term counts: real rows that see at least two keys."""
+    return (valid_queries & (valid_keys.sum(-1) >= 2)).astype(jnp.float32)
+
+
+def map_cosine(weights: jax.Array, rows: jax.Array, tau: float = 0.5) -> jax.Array:
+    """``weights [B, N, T, S]``, ``rows [B, T]`` -> hinge on map cosine above ``tau``, summed over pairs i < j,
+    mean over the batch."""
     b, n = weights.shape[:2]
-    sim = pairwise_cosine(weights.reshape(b, n, -1))  # (B, N, N)
+    kept = weights * rows[:, None, :, None].astype(weights.dtype)  # (B, N, T, S): other rows zeroed
+    sim = pairwise_cosine(kept.reshape(b, n, -1))  # (B, N, N)
     return pair_sum(jax.nn.relu(sim - tau)).mean()
 
 
-def position(weights: jax.Array) -> jax.Array:
-    """``weights [B, N, T, S]`` -> mean over pairs of ``sum_s |A_i A_j|``, averaged over batch and queries."""
-    overlap = jnp.einsum("bits,bjts->btij", jnp.abs(weights), jnp.abs(weights))  # (B, T, N, N)
-    return pair_mean(overlap).mean()
+def position(weights: jax.Array, rows: jax.Array) -> jax.Array:
+    """``-D_position``: ``(1/N^2) sum_ij sum_{t,s} A_i A_j`` over the counted rows ``rows [B, T]``, mean over the
+    batch (weights are non-negative, so ``|.|`` is the plain sum)."""
+    mean_map = weights.mean(1)  # (B, T, S): (1/N) sum_i A_i
+    return ((mean_map * mean_map).sum(-1) * rows.astype(mean_map.dtype)).sum(-1).mean()
 
 
-def head_cosine(per_head: jax.Array) -> jax.Array:
-    """``[B, T, N, H]`` (head outputs or values) -> mean pairwise cosine over positions and batch."""
-    return pair_mean(pairwise_cosine(per_head)).mean()
+def matrix_cosine(per_head: jax.Array, valid: jax.Array) -> jax.Array:
+    """``-D_subspace`` / ``-D_output``: ``per_head [B, L, N, H]`` (values or outputs), ``valid [B, L]`` -> the mean
+    over the batch of ``(1/N^2) sum_ij cos(X_i, X_j)``, X_i head i's ``[L, H]`` matrix on the valid positions."""
+    b, length, n, h = per_head.shape
+    x = per_head * valid[:, :, None, None].astype(per_head.dtype)  # (B, L, N, H)
+    unit = unit_rows(jnp.moveaxis(x, 2, 1).reshape(b, n, length * h))  # (B, N, L*H)
+    centre = unit.mean(1)  # (B, L*H)
+    return (centre * centre).sum(-1).mean()
+
+
+def pair_similarity(per_head: jax.Array, valid: jax.Array) -> jax.Array:
+    """The mean cosine over distinct pairs i != j of the heads' matrices (for the logs): ``matrix_cosine`` without
+    its diagonal, ``(N^2 c - N) / (N (N - 1))``."""
+    n = per_head.shape[2]
+    return (n * n * matrix_cosine(per_head, valid) - n) / max(n * (n - 1), 1)
+
+
+def repeat_kv(values: jax.Array, num_heads: int) -> jax.Array:
+    """``[B, S, K, H]`` -> ``[B, S, N, H]``: query head n reads key/value head ``n // (N / K)`` (dense.group_heads)."""
+    return jnp.repeat(values, num_heads // values.shape[2], axis=2)
 
 
 def qk_orthogonal(query_kernel: jax.Array, key_kernel: jax.Array) -> jax.Array:
@@ -122,6 +155,13 @@ def check_config(dcfg: Any, kernels: dict[str, Any]) -> None:
             if dcfg[name].weight > 0 and kernel is not None and not kernel.supports_weights:
                 raise ValueError(f"loss.diversity.{name} needs attention maps, which attention "
                                  f"'{kernel.name}' ({kind}) does not materialize")
+    for kind in kinds:
+        kernel = kernels.get(kind)
+        if dcfg.subspace.weight > 0 and kernel is not None and kernel.num_kv_heads == 1 < kernel.num_heads:
+            raise ValueError(f"loss.diversity.subspace.weight={dcfg.subspace.weight}: {kind} shares one key/value "
+                             f"head among its {kernel.num_heads} query heads (num_kv_heads=1), so every head has the "
+                             "same value subspace and the term is a constant; use num_kv_heads >= 2 there, leave "
+                             f"{kind} out of loss.diversity.kinds, or use another regularizer")
 
 
 def active(dcfg: Any) -> bool:
@@ -151,30 +191,30 @@ def selected(dcfg: Any, kind: str, layer: int) -> bool:
     return kind in selected_kinds(dcfg) and (not layers or layer in layers)
 
 
-def layer_terms(dcfg: Any, attn: nnx.Module, captured: dict) -> dict[str, jax.Array]:
-    """Each active regularizer's value on one attention layer, plus the heads' output similarity (for logging)."""
-    terms = {}
+def layer_terms(dcfg: Any, attn: nnx.Module, captured: dict, rows: tuple[jax.Array, jax.Array]) -> dict:
+    """Each active regularizer's value on one attention layer, plus the heads' output similarity (for the logs).
+    ``rows``: the layer's real query rows ``[B, T]`` and the keys each sees ``[B, T, S]`` (the model's
+    ``attention_rows``)."""
+    queries, keys = rows
     maps = captured.get("attention_weights")
-    for name in REGULARIZERS:
-        if dcfg[name].weight <= 0:
-            continue
-        if name == "map_cosine":
-            terms[name] = map_cosine(maps, dcfg.map_cosine.tau)
-        elif name == "position":
-            terms[name] = position(maps)
-        elif name == "output":
-            terms[name] = head_cosine(captured["head_outputs"])
-        elif name == "subspace":
-            terms[name] = head_cosine(captured["values"])
-        else:
-            terms[name] = qk_orthogonal(attn.query.kernel[...], attn.key.kernel[...])
+    counted = map_rows(queries, keys) if maps is not None else None  # (B, T)
+    value_positions = keys.any(1)  # (B, S): keys some real row sees
+    terms = {
+        "map_cosine": lambda: map_cosine(maps, counted, dcfg.map_cosine.tau),
+        "position": lambda: position(maps, counted),
+        "output": lambda: matrix_cosine(captured["head_outputs"], queries),
+        "subspace": lambda: matrix_cosine(repeat_kv(captured["values"], attn.num_heads), value_positions),
+        "qk_orthogonal": lambda: qk_orthogonal(attn.query.kernel[...], attn.key.kernel[...]),
+    }
+    out = {name: terms[name]() for name in REGULARIZERS if dcfg[name].weight > 0}
     if "head_outputs" in captured:
-        terms["similarity"] = head_cosine(captured["head_outputs"])
-    return terms
+        out["similarity"] = pair_similarity(captured["head_outputs"], queries)
+    return out
 
 
-def regularizer(model: nnx.Module, dcfg: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """(weighted total, per-name mean over the chosen layers) after a forward pass with capture on.
+def regularizer(model: nnx.Module, dcfg: Any, rows: dict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(weighted total, per-name mean over the chosen layers) after a forward pass with capture on; ``rows``: the
+    model's ``attention_rows(batch)`` (per kind: real query rows and visible keys).
 
     Pops the captured intermediates from every attention layer (so they never reach the model state).
     """
@@ -182,7 +222,7 @@ def regularizer(model: nnx.Module, dcfg: Any) -> tuple[jax.Array, dict[str, jax.
     for kind, layer, attn in attention_layers(model):
         captured = {k: v[0] for k, v in nnx.to_pure_dict(nnx.pop(attn, nnx.Intermediate)).items()}
         if selected(dcfg, kind, layer):
-            for name, value in layer_terms(dcfg, attn, captured).items():
+            for name, value in layer_terms(dcfg, attn, captured, rows[kind]).items():
                 per_name.setdefault(name, []).append(value)
     means = {name: jnp.mean(jnp.stack(values)) for name, values in per_name.items()}
     total = sum((dcfg[name].weight * means[name] for name in REGULARIZERS if name in means), jnp.zeros(()))

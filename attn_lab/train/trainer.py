@@ -152,7 +152,7 @@ class Run:
         """Per-head diagnostics on the first validation batch, per seed (``config.heads.track``)."""
         batch = self.task.dataset("validation", self.config.train.batch_size, train=False)[0]
         captured = self.capture(self.state, batch)  # each array (S, ...)
-        per_seed = [track_summary(as_layers(unstack(captured, i), batch)) for i in range(len(self.seeds))]
+        per_seed = [track_summary(as_layers(unstack(captured, i))) for i in range(len(self.seeds))]
         return {k: [s[k] for s in per_seed] for k in per_seed[0]}
 
     def learned_heads(self, i: int) -> dict[str, dict[str, list[float]]]:
