@@ -31,6 +31,7 @@ setup(
         "num2words>=0.5.14",
         "tqdm>=4.66",
         "numpy>=1.26",
+        "scipy>=1.11",  # Student t quantiles of the verdict interval and the power plan (attn_lab/reporting/stats.py)
         "matplotlib>=3.8",
         "sentencepiece>=0.2.0",
         "pyyaml>=6.0",

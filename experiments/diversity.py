@@ -16,33 +16,39 @@ from __future__ import annotations
 import numpy as np
 
 from attn_lab.reporting.tables import Table, analyses, column, every_variant, mean_std, unfinished_table, with_status
-from attn_lab.reporting.verdicts import Finding, variant_verdicts
+from attn_lab.reporting.verdicts import Design, Finding, variant_verdicts
 
-WEIGHTS = {"map_cosine": 0.01, "subspace": 1.0, "position": 1.0, "output": 1.0}  # Li et al.: lambda = 1
-# weight 1 here is not lambda 1 in the paper: pairs i<j are averaged and `position` is averaged over query rows,
-# so weight = lambda (N-1)/N (subspace, output) or lambda T (N-1)/N (position); see attn_lab/train/diversity.py
+# Li et al.: lambda = 1 -- and weight 1 here is lambda 1: the terms are the paper's Eq. 5-7 (all head pairs, i = j
+# included, the position term summed over query rows), averaged over sentences and layers beside the mean token
+# loss (attn_lab/train/diversity.py; tests/test_diversity_scale.py). map_cosine: source article 002's hinge
+# sum_{i<j} relu(cos(A_i, A_j) - 0.5) at its weight 0.01.
+WEIGHTS = {"map_cosine": 0.01, "subspace": 1.0, "position": 1.0, "output": 1.0}
 
 
 def get_experiment(preset: str = "quick") -> dict:
-    """'quick': baseline + the three Li et al. regularizers (subspace, position, output), 150 steps, 5 seeds;
+    """'quick': baseline + the three Li et al. regularizers (subspace, position, output) at lambda = 1 and the
+    map-cosine hinge at 0.01, 150 steps;
     'full': every regularizer, full numbers runs, 5 seeds; 'gpu': the three on the full bible model, 3 seeds.
 
     Why 150 steps: at 300 (the earlier quick preset) the baseline's exact match was at the task's ceiling (~0.95),
     so a regularizer could only lose; at 150 the 8-head baseline is at 0.58 +- 0.05 (5 seeds, the head-count
     probe), leaving room for the gain Li et al. report (+0.7 to +0.9 BLEU, about 3% relative)."""
-    names = ["subspace", "position", "output"] if preset in ("quick", "gpu") else list(WEIGHTS)
+    li = ["subspace", "position", "output"]
+    names = {"quick": [*li, "map_cosine"], "gpu": li}.get(preset, list(WEIGHTS))
     variants = {"baseline": {}} | {n: {f"loss.diversity.{n}.weight": WEIGHTS[n]} for n in names}
     analyze = {"what": ["diagnose", "prune"], "metric": "bleu", "max_batches": 2, "prune_fraction": 0.125}
     if preset == "quick":
         return {"name": "diversity_quick", "config": "configs/numbers.py:quick",
                 "overrides": {"train.num_steps": 150, "train.eval_every": 150, "train.checkpoint_every": 150},
-                "variants": variants, "seeds": [0, 1, 2, 3, 4], "analyze": analyze}
+                "variants": variants, "seeds": VERDICT_SEEDS, "analyze": analyze,
+                "design": design(QUICK_SD, names)}
     if preset == "full":
         return {"name": "diversity_full", "config": "configs/numbers.py",
-                "variants": variants, "seeds": [0, 1, 2, 3, 4], "analyze": analyze | {"max_batches": 8}}
+                "variants": variants, "seeds": [0, 1, 2, 3, 4], "analyze": analyze | {"max_batches": 8},
+                "design": design()}
     if preset == "gpu":
         return {"name": "diversity_gpu", "config": "configs/bible.py", "variants": variants, "seeds": [0, 1, 2],
-                "analyze": analyze | {"max_batches": 8}}
+                "analyze": analyze | {"max_batches": 8}, "design": design(rows=names)}
     raise ValueError(f"unknown preset '{preset}' for experiments/diversity.py; use quick, full or gpu")
 
 
@@ -55,6 +61,23 @@ METRIC, MARGIN = "test_exact_match", 0.02
 FINDINGS = {name: Finding(f"the {name} disagreement regularizer improves quality (Li et al. 2018)",
                           "en-de base 27.64 -> 28.51 BLEU (all three combined)", "up", MARGIN)
             for name in ("subspace", "position", "output")}
+FINDINGS["map_cosine"] = Finding("the map-cosine hinge improves quality (source article 002)",
+                                 "+0.3 GLUE average (unverified)", "up", MARGIN)
+# Pilot: the quick preset on seeds 0-4, per-seed sds of the paired differences from its table's 'sd: run' column:
+#   python scripts/sweep.py --experiment experiments/diversity.py:quick --workdir runs/pilot/diversity \
+#       --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 && python scripts/make_tables.py --workdir runs/pilot/diversity
+PILOT_SEEDS = (0, 1, 2, 3, 4)
+PILOT = "experiments/diversity.py:quick --seeds 0,1,2,3,4 (docs/diversity.md, pilot)"
+QUICK_SD = dict.fromkeys(FINDINGS)
+VERDICT_SEEDS = [100, 101, 102, 103, 104]
+
+
+def design(sd: dict | None = None, rows=FINDINGS) -> Design:
+    """The findings of the preset's ``rows`` with the per-seed sds it expects (None: no pilot at that preset:
+    undecidable)."""
+    findings = {k: f for k, f in FINDINGS.items() if k in rows}
+    return Design(findings, {k: (sd or {}).get(k) for k in findings}, PILOT if sd else "no pilot at this preset",
+                  PILOT_SEEDS)
 
 
 def _metric(row: dict) -> str:
@@ -88,7 +111,7 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
                                 "% heads prunable within 1 BLEU", f"metric with {first or 0:.1f}% of heads pruned"],
                                body, status)
     groups = {variant: g for variant, g, _ in every_variant(rows)}
-    judged = variant_verdicts(groups, "baseline", FINDINGS, METRIC, "test exact match")
+    judged = variant_verdicts(groups, "baseline", exp, sweep_dir, METRIC, "test exact match")
     return [Table("Head diversity", header, body,
                   f"Li et al. 2018 (disagreement regularization, BLEU base -> regularized): {li}."),
             *([judged] if judged else []), *unfinished_table(rows)]

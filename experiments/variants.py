@@ -23,7 +23,7 @@ from attn_lab.reporting.tables import (
     variant_of,
     with_status,
 )
-from attn_lab.reporting.verdicts import Finding, variant_verdicts
+from attn_lab.reporting.verdicts import Design, Finding, variant_verdicts
 
 KERNELS = ["dense", "local", "linformer", "performer", "linear", "bigbird", "longformer", "lsh", "strided"]
 
@@ -55,12 +55,14 @@ def get_experiment(preset: str = "quick") -> dict:
                               "model.attention.linformer.max_len": 129, "model.attention.local.window": 32,
                               "model.attention.linformer.k": 32, "model.attention.performer.num_features": 64,
                               "train.num_steps": 450, "train.eval_every": 450, "train.checkpoint_every": 450},
-                "variants": {k: {"model.attention.name": k} for k in KERNELS[:5]}, "seeds": [0, 1, 2, 3, 4]}
+                "variants": {k: {"model.attention.name": k} for k in KERNELS[:5]}, "seeds": VERDICT_SEEDS,
+                "design": design(QUICK_SD, KERNELS[:5])}
     if preset == "gpu":
         return {"name": "variants_gpu", "config": "configs/listops.py",
                 "overrides": {"task.min_length": 500, "task.max_length": 2000, "task.max_depth": 10,
                               "model.attention.linformer.max_len": 2001},
-                "variants": {k: {"model.attention.name": k} for k in KERNELS[:5]}, "seeds": [0, 1, 2]}
+                "variants": {k: {"model.attention.name": k} for k in KERNELS[:5]}, "seeds": [0, 1, 2],
+                "design": design(rows=KERNELS[:5])}
     if preset == "long":
         return {"name": "variants_long", "config": "configs/listops.py:quick",
                 "overrides": {"task.min_length": 1000, "task.max_length": 1024, "task.max_depth": 8,
@@ -68,12 +70,14 @@ def get_experiment(preset: str = "quick") -> dict:
                               "model.attention.linformer.max_len": 1025, "model.num_layers": 1,
                               "train.batch_size": 16, "train.num_steps": 150, "train.warmup_steps": 30,
                               "train.eval_every": 150, "train.checkpoint_every": 150},
-                "variants": {k: {"model.attention.name": k} for k in KERNELS[:5]}, "seeds": [0, 1]}
+                "variants": {k: {"model.attention.name": k} for k in KERNELS[:5]}, "seeds": [0, 1],
+                "design": design(rows=KERNELS[:5])}
     if preset == "full":
         return {"name": "variants_full", "config": "configs/listops.py",
                 "overrides": {"task.min_length": 500, "task.max_length": 2000, "task.max_depth": 10,
                               "model.attention.linformer.max_len": 2001},
-                "variants": {k: {"model.attention.name": k} for k in KERNELS}, "seeds": [0, 1, 2]}
+                "variants": {k: {"model.attention.name": k} for k in KERNELS}, "seeds": [0, 1, 2],
+                "design": design()}
     raise ValueError(f"unknown preset '{preset}' for experiments/variants.py; use quick, long, full or gpu")
 
 
@@ -88,6 +92,24 @@ FINDINGS = {k: Finding(f"{k} {'matches' if abs(v - LRA_LISTOPS['dense']) < 3 els
                        "(LRA)", f"{v} vs {LRA_LISTOPS['dense']}", "same" if abs(v - LRA_LISTOPS["dense"]) < 3
                        else "down", MARGIN)
             for k, v in LRA_LISTOPS.items() if k != "dense"}
+# Pilot: the quick preset on seeds 0-4 (its 450-step budget was chosen on them), per-seed sds of the paired
+# differences from its verdict table's 'sd: run' column:
+#   python scripts/sweep.py --experiment experiments/variants.py:quick --workdir runs/pilot/variants \
+#       --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 && python scripts/make_tables.py --workdir runs/pilot/variants
+PILOT_SEEDS = (0, 1, 2, 3, 4)
+PILOT = "experiments/variants.py:quick --seeds 0,1,2,3,4 (docs/variants.md, pilot)"
+QUICK_SD = dict.fromkeys(FINDINGS)
+VERDICT_SEEDS = [100, 101, 102, 103, 104]
+
+
+def design(sd: dict | None = None, rows=FINDINGS) -> Design:
+    """The findings of the preset's ``rows`` with the per-seed sds it expects (None: no pilot at that preset:
+    undecidable)."""
+    findings = {k: f for k, f in FINDINGS.items() if k in rows}
+    return Design(findings, {k: (sd or {}).get(k) for k in findings}, PILOT if sd else "no pilot at this preset",
+                  PILOT_SEEDS)
+
+
 LRA_SPEED = {"dense": (1.0, 1.0), "local": (1.1, 5.3), "linformer": (1.2, 5.5), "lsh": (0.5, 0.8),
              "bigbird": (0.9, 1.1), "linear": (1.1, 5.6), "performer": (1.2, 5.7)}
 
@@ -140,7 +162,7 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
         note += ("vs cuDNN: the same ratios against cuDNN flash attention (jax.nn.dot_product_attention with "
                  "implementation='cudnn' = 1), from the benchmark's own columns. ")
     header, body = with_status(header, body, status)
-    judged = variant_verdicts(dict(groups), "dense", FINDINGS, "test_accuracy", "test accuracy")
+    judged = variant_verdicts(dict(groups), "dense", exp, sweep_dir, "test_accuracy", "test accuracy")
     return [Table("Efficient attention (ListOps)", header, body,
                   note + "LRA: Tay et al. 2020 (TPU v3, byte-level text for speed)."),
             *([judged] if judged else []), *unfinished_table(rows)]

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -86,11 +87,11 @@ def test_zero_share_counts_exact_zeros_among_valid_keys_of_valid_rows():
     np.testing.assert_allclose(diagnostics.zero_share(maps, valid), [1 / 3])
 
 
-def _fake_sweep(tmp_path):
+def _fake_sweep(tmp_path, spans=(3.0, 40.0)):
     """A finished dynamic sweep on disk: results.json (with learned values) and analysis/diagnose.json per trial."""
     rows = []
     spec = {"softmax": ({}, 0.90), "entmax15": ({"alpha": [1.5] * 2}, 0.91),
-            "entmax_learned": ({"alpha": [1.1, 1.9]}, 0.92), "adaptive_span": ({"span": [3.0, 40.0]}, 0.85)}
+            "entmax_learned": ({"alpha": [1.1, 1.9]}, 0.92), "adaptive_span": ({"span": list(spans)}, 0.85)}
     for variant, (values, score) in spec.items():
         for seed in range(3):
             trial = f"variant={variant},seed={seed}"
@@ -106,13 +107,26 @@ def _fake_sweep(tmp_path):
     return rows
 
 
-def test_dynamic_report_reads_learned_values_and_zero_weights(tmp_path):
+def _dynamic():
     sys.path.insert(0, os.path.join(ROOT, "experiments"))
     try:
         import dynamic
     finally:
         sys.path.pop(0)
-    tables = dynamic.report(_fake_sweep(tmp_path), str(tmp_path), None, str(tmp_path))
+    return dynamic
+
+
+def _exp(dynamic):
+    """The experiment as the report sees it: a design expecting sd 0.001 per seed (decidable at 3 seeds)."""
+    from attn_lab.reporting.verdicts import Design
+
+    return types.SimpleNamespace(seeds=[0, 1, 2], design=Design(dynamic.FINDINGS, dict.fromkeys(dynamic.FINDINGS,
+                                                                                               0.001)))
+
+
+def test_dynamic_report_reads_learned_values_and_zero_weights(tmp_path):
+    dynamic = _dynamic()
+    tables = dynamic.report(_fake_sweep(tmp_path), str(tmp_path), _exp(dynamic), str(tmp_path))
     quality = {r[0]: r for r in tables[0].rows}
     assert quality["adaptive_span"][4] == "enc 21.5 / dec 21.5"  # mean of 3 and 40
     assert quality["entmax_learned"][5] == "enc 1.50 / dec 1.50"
@@ -121,9 +135,23 @@ def test_dynamic_report_reads_learned_values_and_zero_weights(tmp_path):
     alpha = {r[0]: r for r in tables[1].rows}
     assert alpha["encoder_self"][3:] == ["50%", "0%", "50%"]  # 1.1 softmax-like, 1.9 sparsemax-like
     assert len(tables[2].rows) == 3 * 4  # seeds x layers with spans
-    verdicts = {r[0].split(" (")[0]: r[2:] for r in tables[3].rows}  # exact match vs softmax, paired by seed
-    assert verdicts["1.5-entmax matches softmax"] == ["+0.010 [+0.010, +0.010] (3 seeds)", "reproduced"]
-    assert verdicts["adaptive span keeps quality at a fraction of the span"][1] == "not reproduced"  # -0.05
+    assert "Spans learned: the heads of one run differ by up to 37.0 tokens" in tables[2].note
+    verdicts = {r[0].split(" (")[0]: r[3:] for r in tables[3].rows}  # exact match vs softmax, paired by seed
+    assert verdicts["1.5-entmax matches softmax"][0] == "+0.010 [+0.010, +0.010] (3 seeds)"
+    assert verdicts["1.5-entmax matches softmax"][-1] == "reproduced"
+    assert verdicts["adaptive span keeps quality at a fraction of the span"][-1] == "not reproduced"  # -0.05
+
+
+def test_spans_that_did_not_learn_leave_the_span_finding_untested(tmp_path):
+    """Spans within a token of each other in every run stayed where they started: the row compares a fixed
+    window, so it says so instead of a verdict."""
+    dynamic = _dynamic()
+    tables = dynamic.report(_fake_sweep(tmp_path, spans=(0.0, 0.4)), str(tmp_path), _exp(dynamic), str(tmp_path))
+    assert "Spans did not learn" in tables[2].note
+    verdicts = {r[0].split(" (")[0]: r for r in tables[3].rows}
+    assert verdicts["adaptive span keeps quality at a fraction of the span"][-1].startswith(
+        "not tested: spans did not learn")
+    assert verdicts["1.5-entmax matches softmax"][-1] == "reproduced"
 
 
 def test_dynamic_presets_resolve_and_bad_preset_is_one_line():

@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 
 from attn_lab.reporting.tables import Table, mean_std
+from attn_lab.reporting.verdicts import UNDECIDABLE, Design
 from attn_lab.sweep.spec import Experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,8 +28,9 @@ def _load(path, name):
     return module
 
 
-REPORTS = {name: _load(os.path.join(ROOT, "experiments", f"{name}.py"), f"experiment_{name}").report
+MODULES = {name: _load(os.path.join(ROOT, "experiments", f"{name}.py"), f"experiment_{name}")
            for name in ("head_count", "pruning", "diversity", "variants")}
+REPORTS = {name: module.report for name, module in MODULES.items()}
 
 
 def _rows(variants, metric="test_bleu", base=0.5):
@@ -42,9 +44,14 @@ def _rows(variants, metric="test_bleu", base=0.5):
     return rows
 
 
-def _exp(variants):
+def _exp(variants, module=None, sd=0.001, seeds=(0, 1, 2)):
+    """The experiment as the sweep loads it; with ``module``, its findings under a design expecting ``sd`` per
+    seed (0.001: decidable at 3 seeds) and pilot seeds 90-94 (not the seeds these rows use)."""
+    design = None
+    if module is not None:
+        design = Design(module.FINDINGS, dict.fromkeys(module.FINDINGS, sd), "test pilot", (90, 91, 92, 93, 94))
     return Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
-                      seeds=[0, 1, 2], variants=variants)
+                      seeds=list(seeds), variants=variants, design=design)
 
 
 def test_mean_std_and_rendering():
@@ -58,7 +65,8 @@ def test_head_count_table_has_seed_spread_perplexity_and_vaswani(tmp_path):
     variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64},
                 "A-h8": {"model.num_heads": 8, "model.head_dim": 8},
                 "MQA-h8": {"model.num_heads": 8, "model.head_dim": 8, "model.num_kv_heads": 1}}
-    table, verdicts = REPORTS["head_count"](_rows(variants), str(tmp_path), _exp(variants), str(tmp_path))
+    table, verdicts = REPORTS["head_count"](_rows(variants), str(tmp_path), _exp(variants, MODULES["head_count"]),
+                                            str(tmp_path))
     md = table.markdown()
     assert "| A-h1 | 1 | 64 | 1 | 1000 | 0.51 ± 0.01 (3) |" in md and "5.29 / 24.9" in md and "4.92 / 25.8" in md
     assert f"{np.mean([math.exp(1.0), math.exp(1.1), math.exp(1.2)]):.3f}" in md  # perplexity = exp(test loss)
@@ -67,17 +75,20 @@ def test_head_count_table_has_seed_spread_perplexity_and_vaswani(tmp_path):
     # is no loss ('costs little' is a non-inferiority finding)
     by_row = {row[0]: row for row in verdicts.rows}
     one_head = by_row["one head is worse than eight at fixed width (Table 3 A)"]
-    assert one_head[2:] == ["-0.100 [-0.100, -0.100] (3 seeds)", "reproduced"]
-    assert by_row["one shared key/value head costs little (Shazeer 2019)"][3] == "reproduced"
-    assert "decides nothing" not in verdicts.note
+    assert one_head[2:] == ["0.02", "-0.100 [-0.100, -0.100] (3 seeds)", "0.000 (0.001)", "<0.001", "reproduced"]
+    assert by_row["one shared key/value head costs little (Shazeer 2019)"][6] == "reproduced"
+    assert "paired t" in verdicts.header[3] and "Family: 2 findings" in verdicts.note
+    assert all(row[6] != UNDECIDABLE for row in verdicts.rows)
 
 
-def test_head_count_demo_sized_run_says_it_decides_nothing(tmp_path):
+def test_head_count_demo_sized_run_is_undecidable_before_it_runs(tmp_path):
     variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64},
                 "A-h8": {"model.num_heads": 8, "model.head_dim": 8}}
     rows = [r for r in _rows(variants) if r["seed"] < 2]
-    _, verdicts = REPORTS["head_count"](rows, str(tmp_path), _exp(variants), str(tmp_path))
-    assert verdicts.rows[0][3] == "inconclusive" and "decides nothing" in verdicts.note and "'quick'" in verdicts.note
+    exp = _exp(variants, MODULES["head_count"], sd=0.06, seeds=(0, 1))
+    _, verdicts = REPORTS["head_count"](rows, str(tmp_path), exp, str(tmp_path))
+    assert verdicts.rows[0][6] == UNDECIDABLE  # two seeds: decided by the plan, whatever the two seeds show
+    assert "Undecidable at this budget: 'A-h1'" in verdicts.note and "needs" in verdicts.note
 
 
 def test_diversity_table_reads_similarity_and_prunable_heads(tmp_path):
@@ -90,12 +101,12 @@ def test_diversity_table_reads_similarity_and_prunable_heads(tmp_path):
         (analysis / "diagnose.json").write_text(json.dumps({"encoder_self/0": {"mean_similarity": sim}}))
         curve = [{"percent": p, "score": s} for p, s in [(0, 99.0), (25, 98.5), (50, 97.0)]]
         (analysis / "prune.json").write_text(json.dumps({"metric": "bleu", "importance": curve}))
-    table, verdicts = REPORTS["diversity"](rows, str(tmp_path), _exp(variants), str(tmp_path))
+    table, verdicts = REPORTS["diversity"](rows, str(tmp_path), _exp(variants, MODULES["diversity"]), str(tmp_path))
     md = table.markdown()
     # exact match: 'output' is 0.1 above the baseline on every seed -> Li et al.'s gain, reproduced
     assert verdicts.rows == [["the output disagreement regularizer improves quality (Li et al. 2018)",
-                              "en-de base 27.64 -> 28.51 BLEU (all three combined)",
-                              "+0.100 [+0.100, +0.100] (3 seeds)", "reproduced"]]
+                              "en-de base 27.64 -> 28.51 BLEU (all three combined)", "0.02",
+                              "+0.100 [+0.100, +0.100] (3 seeds)", "0.000 (0.001)", "<0.001", "reproduced"]]
     assert "| baseline | 0.510 ± 0.010 (3) |" in md and "0.800 ± 0.000 (3)" in md and "0.200" in md
     assert "25 ± 0 (3) | 98.50 ± 0.00 (3) |" in md and "27.64 -> 28.51" in md  # 25% within 1 BLEU; Li et al.
     assert "metric with 25.0% of heads pruned" in md
@@ -106,12 +117,13 @@ def test_variants_table_joins_benchmark_ratios_and_lra(tmp_path):
     bench = [{"label": "jax.nn.dot_product_attention", "length": "1024", "fwd_bwd_seconds": "1.0", "temp_bytes": "400"},
              {"label": "local", "length": "1024", "fwd_bwd_seconds": "0.25", "temp_bytes": "100"}]
     rows = _rows(variants, "test_accuracy")
-    table, verdicts = REPORTS["variants"](rows, str(tmp_path), _exp(variants), str(tmp_path), bench)
+    table, verdicts = REPORTS["variants"](rows, str(tmp_path), _exp(variants, MODULES["variants"]), str(tmp_path),
+                                          bench)
     md = table.markdown()
     assert "| local | 61.0 ± 1.0 (3) | 0.50x | 4.00x | – | – | 15.82 | 1.1x / 5.3x |" in md
     # local is 10 points above dense on every seed where LRA has it ~20 below: not reproduced
-    assert verdicts.rows == [["local is below dense on ListOps (LRA)", "15.82 vs 36.37",
-                              "+0.100 [+0.100, +0.100] (3 seeds)", "not reproduced"]]
+    assert verdicts.rows == [["local is below dense on ListOps (LRA)", "15.82 vs 36.37", "0.03",
+                              "+0.100 [+0.100, +0.100] (3 seeds)", "0.000 (0.001)", "<0.001", "not reproduced"]]
     assert "| dense |" in md and "36.37" in md
     assert "cuDNN" not in md  # a CPU benchmark (or one from before the cuDNN row) adds no column
 
@@ -126,7 +138,7 @@ def test_variants_table_shows_cudnn_ratios_when_the_benchmark_has_them(tmp_path)
              row("dense/xla", "4.0", "400", "0.25", "0.01"), row("dense", "1.0", "4", "1", "1"),
              row("local", "1.25", "8", "0.8", "0.5")]
     rows = _rows(variants, "test_accuracy")
-    table, _ = REPORTS["variants"](rows, str(tmp_path), _exp(variants), str(tmp_path), bench)
+    table = REPORTS["variants"](rows, str(tmp_path), _exp(variants), str(tmp_path), bench)[0]
     md = table.markdown()
     assert "| speed / memory vs cuDNN 4K |" in md and "implementation='cudnn' = 1" in md
     assert "| dense | 51.0 ± 1.0 (3) | 1.00x | – | 4.00x | 100.00x | 1.00x / 1.00x | 36.37 |" in md  # default 'dense'
@@ -174,10 +186,12 @@ def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_p
                                                                          "normalized": spearman}}))
     verdicts = experiment_pruning_verdicts(tmp_path, rows)
     by_claim = {r[0]: r for r in verdicts.rows}
-    beats = by_claim["pruning by importance beats random pruning (at ~30% pruned)"]
+    beats = by_claim["pruning by importance beats random pruning (where random is at half)"]
     free = by_claim["~20% of heads prune by importance almost for free (at ~20% pruned)"]
-    assert beats[2:] == ["+0.150 [+0.150, +0.150] (3 seeds)", "reproduced"]
-    assert free[2:] == ["-0.005 [-0.005, -0.005] (3 seeds)", "reproduced"]
+    # the mean random curve (0.6 unpruned, 0.5 at 20%, 0.4 at 30%) is nearest half the unpruned score at 30%
+    assert "nearest half the unpruned score at 30.0%" in verdicts.note
+    assert beats[3:] == ["+0.150 [+0.150, +0.150] (3 seeds)", "0.000 (0.001)", "<0.001", "reproduced"]
+    assert free[3:] == ["-0.005 [-0.005, -0.005] (3 seeds)", "0.000 (0.001)", "<0.001", "reproduced"]
     diagnosis = experiment_pruning_diagnosis(tmp_path, rows)
     assert diagnosis.rows[0][:4] == ["raw", "0.30 ± 0.10 (3)", "0.70 ± 0.00 (3)", "0.90 ± 0.00 (3)"]
     assert diagnosis.rows[0][4] == "–" and "2 validation batches" in diagnosis.note  # no head moved cross: no rho
@@ -187,7 +201,8 @@ PRUNING = _load(os.path.join(ROOT, "experiments", "pruning.py"), "experiment_pru
 
 
 def experiment_pruning_verdicts(sweep_dir, rows):
-    return PRUNING._verdicts(PRUNING._per_seed(str(sweep_dir), rows, "prune"))
+    return PRUNING._verdicts(PRUNING._per_seed(str(sweep_dir), rows, "prune"), _exp({"baseline": {}}, PRUNING),
+                             str(sweep_dir))
 
 
 def experiment_pruning_diagnosis(sweep_dir, rows):

@@ -282,3 +282,64 @@ def test_trials_run_the_package_entry_point_not_a_script_path(tmp_path):
     assert group[:3] == one[:3] and group[group.index("--seeds") + 1] == "0,1"
     assert group[group.index("--workdir") + 1] == os.path.join("runs", "seed={seed}")
     assert child_env()["PYTHONPATH"].split(os.pathsep)[0] == ROOT
+
+
+QUICK = ["head_count", "pruning", "diversity", "dynamic", "variants"]
+
+
+def test_every_quick_preset_declares_a_design_on_seeds_its_pilot_did_not_use_and_dry_run_prints_its_power():
+    """Pre-registration: each verdict preset names its findings, margins and pilot sds, its seeds are disjoint
+    from the pilot's, and --dry-run says per finding what the preset can detect, before anything runs."""
+    for name in QUICK:
+        path = os.path.join(ROOT, "experiments", f"{name}.py:quick")
+        exp = load_experiment(path)
+        assert exp.design is not None and exp.design.findings, name
+        assert not set(exp.seeds) & set(exp.design.pilot_seeds), name
+        proc = subprocess.run([sys.executable, SWEEP, "--experiment", path, "--workdir", "unused", "--dry-run"],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        design = proc.stdout[proc.stdout.index("design:"):].splitlines()
+        assert f"design: {len(exp.seeds)} seeds, paired t interval at 95%" in design[0], name
+        for key in exp.design.findings:
+            line = next(line for line in design if line.startswith(f"  {key}: "))
+            assert ("detectable" in line or "no pilot sd" in line) and line.endswith(
+                ("-> decidable", "-> undecidable at this budget")), line
+        assert not os.path.exists("unused")  # a dry run writes nothing
+
+
+def test_a_sweep_registers_its_design_when_it_starts_and_the_table_says_when_margins_changed(tmp_path):
+    """sweep.json records the experiment file's sha256, design, seeds and budgets before the first trial; a rerun
+    keeps that registration; after the margins are edited the table judges the registered design and says so."""
+    from attn_lab.reporting.verdicts import Design, Finding
+
+    def body(margin):
+        finding = Finding("one head is worse than eight", "24.9 vs 25.8 BLEU", "down", margin)
+        return {**BASE, "variants": {"A-h1": {"model.num_heads": 1}, "A-h8": {"model.num_heads": 4}},
+                "seeds": [5, 6, 7], "design": Design({"A-h1": finding}, {"A-h1": 0.001}, "a pilot", (0, 1)),
+                "overrides": {"task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
+                              "train.num_steps": 4, "train.batch_size": 16, "train.log_every": 2,
+                              "train.eval_every": 4, "train.checkpoint_every": 4, "train.max_eval_batches": 1,
+                              "wandb.mode": "disabled"}}
+    path = _experiment(tmp_path, body(0.02), report="head_count")
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, SWEEP, "--experiment", path, "--workdir", str(runs), "--vmap-seeds",
+           f"--config.task.data_dir={tmp_path / 'data'}", f"--config.compile_cache={tmp_path / 'cache'}"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    reg = json.load(open(runs / "sweep.json"))["registration"]
+    from attn_lab.reporting.verdicts import file_sha256
+
+    assert reg["experiment_sha256"] == file_sha256(path) and reg["seeds"] == [5, 6, 7]
+    assert reg["overrides"]["train.num_steps"] == 4
+    assert reg["design"]["findings"]["A-h1"]["margin"] == 0.02 and reg["design"]["pilot_seeds"] == [0, 1]
+    _experiment(tmp_path, body(0.5), report="head_count")  # margins widened after the run
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0 and "changed since this sweep started" in second.stdout
+    assert json.load(open(runs / "sweep.json"))["registration"] == reg  # the first registration stands
+    tables = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), "--workdir", str(runs)],
+                            capture_output=True, text=True, timeout=300)
+    assert tables.returncode == 0, tables.stderr[-2000:]
+    md = (runs / "tables" / "x.md").read_text()
+    verdict = md[md.index("### Verdicts"):]
+    assert "margins changed after the run" in verdict and "The experiment file changed" in verdict
+    assert "| one head is worse than eight | 24.9 vs 25.8 BLEU | 0.02 |" in verdict  # judged as registered

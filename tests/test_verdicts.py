@@ -1,83 +1,181 @@
-"""The paired bootstrap against the exact bootstrap distribution, and the verdict rule case by case."""
+"""The verdict rule cell by cell, its tests against the interval, Holm over a table, and the design a preset
+registers before it runs (undecidable findings, margins changed after the run, pilot runs)."""
 
-import itertools
+import dataclasses
+import json
+import math
 
 import numpy as np
 import pytest
 
-from attn_lab.reporting.verdicts import Finding, Interval, decide, paired_bootstrap, verdict_row
+from attn_lab.reporting import stats
+from attn_lab.reporting.stats import Interval
+from attn_lab.reporting.verdicts import (
+    ALPHA,
+    UNDECIDABLE,
+    Design,
+    Finding,
+    by_seed,
+    claim_p,
+    decide,
+    judge,
+    registered_design,
+    registration_notes,
+    verdict_rows,
+)
+
+M = 0.02
+UP, DOWN, SAME, NOT_WORSE = (Finding("c", "p", d, margin=M) for d in ("up", "down", "same", "not_worse"))
 
 
-def _exact_percentiles(diffs, level=0.95):
-    """Every one of the n^n equally likely resamples of n paired differences, and their mean's percentiles."""
-    means = np.array([np.mean(pick) for pick in itertools.product(diffs, repeat=len(diffs))])
-    tail = (1 - level) / 2 * 100
-    return np.percentile(means, [tail, 100 - tail])
-
-
-def test_paired_bootstrap_matches_the_exact_bootstrap_distribution():
-    base = {0: 0.50, 1: 0.62, 2: 0.55, 3: 0.70, 4: 0.58}
-    other = {0: 0.56, 1: 0.61, 2: 0.66, 3: 0.74, 4: 0.60, 9: 0.99}  # seed 9 has no pair: ignored
-    diffs = [other[s] - base[s] for s in sorted(base)]
-    got = paired_bootstrap(base, other, resamples=200_000)
-    low, high = _exact_percentiles(diffs)
-    assert got.pairs == 5 and got.mean == pytest.approx(np.mean(diffs), abs=1e-12)
-    assert got.low == pytest.approx(low, abs=4e-3) and got.high == pytest.approx(high, abs=4e-3)
-
-
-def test_paired_bootstrap_pairs_by_seed_not_by_position():
-    """A constant per-seed gain has a zero-width interval even when seeds differ a lot from each other."""
-    base = {s: float(s) for s in range(6)}
-    got = paired_bootstrap(base, {s: v + 0.25 for s, v in reversed(base.items())})
-    assert (got.mean, got.low, got.high) == pytest.approx((0.25, 0.25, 0.25))
-
-
-def test_paired_bootstrap_is_deterministic_and_none_without_shared_seeds():
-    base, other = {0: 1.0, 1: 2.0, 2: 4.0}, {0: 1.5, 1: 1.0, 2: 5.0}
-    assert paired_bootstrap(base, other) == paired_bootstrap(base, other)
-    assert paired_bootstrap(base, {7: 1.0}) is None
-
-
-UP, DOWN, SAME, NOT_WORSE = (Finding("c", "p", d, margin=0.01) for d in ("up", "down", "same", "not_worse"))
+def iv(low, high, pairs=5):
+    return Interval((low + high) / 2, low, high, pairs, sd=1.0)
 
 
 @pytest.mark.parametrize("finding, low, high, expected", [
-    (UP, 0.02, 0.05, "reproduced"),
-    (UP, -0.05, -0.02, "not reproduced"),
-    (UP, -0.005, 0.008, "not reproduced"),  # inside the band: no effect of the claimed size
-    (UP, -0.02, 0.05, "inconclusive"),
-    (DOWN, -0.05, -0.02, "reproduced"),
-    (DOWN, 0.02, 0.05, "not reproduced"),
-    (DOWN, -0.05, 0.02, "inconclusive"),
-    (SAME, -0.008, 0.009, "reproduced"),
-    (SAME, 0.02, 0.04, "not reproduced"),
-    (SAME, -0.04, -0.02, "not reproduced"),
-    (SAME, -0.005, 0.03, "inconclusive"),
-    (NOT_WORSE, -0.008, 0.05, "reproduced"),  # a gain is no loss
-    (NOT_WORSE, -0.05, -0.02, "not reproduced"),
+    # up: every cell of the table, and its boundaries
+    (UP, 0.03, 0.08, "reproduced"),  # above the margin
+    (UP, 0.005, 0.05, "reproduced"),  # above 0, reaching past the margin: real, not shown smaller
+    (UP, 0.005, 0.02, "reproduced"),  # H = m: not below the margin
+    (UP, 0.004, 0.017, "smaller than published"),  # inside the margin but excluding zero
+    (UP, -0.005, 0.015, "not reproduced"),  # inside the band around zero: no effect of the margin's size
+    (UP, -0.06, 0.015, "not reproduced"),  # below the margin (a large reverse effect is possible, not the claim)
+    (UP, -0.05, -0.03, "not reproduced"),  # reversed
+    (UP, -0.005, 0.05, "inconclusive"),  # straddles zero and the margin
+    (UP, 0.0, 0.05, "inconclusive"),  # L = 0 is not above zero
+    # down mirrors up
+    (DOWN, -0.08, -0.03, "reproduced"),
+    (DOWN, -0.017, -0.004, "smaller than published"),  # e.g. variants' 'local below dense' at -0.011
+    (DOWN, -0.015, 0.005, "not reproduced"),
+    (DOWN, 0.03, 0.05, "not reproduced"),
+    (DOWN, -0.05, 0.005, "inconclusive"),
+    # same: equivalence within the band
+    (SAME, -0.015, 0.018, "reproduced"),
+    (SAME, -0.02, 0.01, "inconclusive"),  # touches the band edge
+    (SAME, 0.03, 0.05, "not reproduced"),
+    (SAME, -0.05, -0.03, "not reproduced"),
+    (SAME, -0.005, 0.03, "inconclusive"),  # straddles the upper edge
+    (SAME, 0.005, 0.03, "inconclusive"),  # excludes zero, straddles the edge
+    (SAME, -0.055, 0.032, "inconclusive"),  # wider than the band (head_count's 16 vs 8 heads)
+    # not worse: non-inferiority
+    (NOT_WORSE, -0.015, 0.05, "reproduced"),
+    (NOT_WORSE, 0.01, 0.05, "reproduced"),  # a gain is no loss
+    (NOT_WORSE, -0.05, -0.03, "not reproduced"),
     (NOT_WORSE, -0.03, 0.01, "inconclusive"),
+    (NOT_WORSE, -0.02, 0.01, "inconclusive"),  # L = -m
 ])
-def test_decide_rule(finding, low, high, expected):
-    assert decide(finding, Interval((low + high) / 2, low, high, pairs=5)) == expected
+def test_decision_table(finding, low, high, expected):
+    assert decide(finding, iv(low, high)) == expected
 
 
 def test_too_few_pairs_or_no_interval_is_inconclusive():
-    assert decide(UP, Interval(0.5, 0.4, 0.6, pairs=2)) == "inconclusive"
+    assert decide(UP, iv(0.4, 0.6, pairs=2)) == "inconclusive"
     assert decide(UP, None) == "inconclusive"
-    assert verdict_row(UP, None) == ["c", "p", "–", "inconclusive"]
-    assert verdict_row(UP, Interval(0.02, 0.01, 0.03, 5))[2:] == ["+0.020 [+0.010, +0.030] (5 seeds)", "reproduced"]
+
+
+@pytest.mark.parametrize("finding", [UP, DOWN, SAME, NOT_WORSE])
+def test_each_verdict_is_exactly_its_claims_one_sided_test(finding):
+    """On real t-intervals: the decision table reaches a verdict exactly when that verdict's claim has p < ALPHA,
+    so Holm over claim p-values corrects the same decisions the table makes."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        d = stats.t_interval(rng.normal(rng.normal(0, 0.03), rng.uniform(0.002, 0.04), rng.integers(3, 12)))
+        verdict = decide(finding, d)
+        p = claim_p(finding, d, verdict)
+        assert (p < ALPHA) == (verdict != "inconclusive"), (verdict, p, d)
+
+
+def _design(sd=0.01, **findings):
+    findings = findings or {"a": UP}
+    return Design(findings, {k: sd for k in findings}, "pilot", (0, 1, 2))
+
+
+def test_plan_marks_findings_the_seeds_cannot_decide_before_the_run():
+    design = Design({"big": UP, "small": SAME, "none": NOT_WORSE}, {"big": 0.005, "small": 0.06, "none": None})
+    plan = design.plan(5)
+    assert plan["big"]["decidable"] and plan["big"]["half_width"] == pytest.approx(
+        stats.expected_half_width(0.005, 5))
+    assert not plan["small"]["decidable"] and plan["small"]["seeds_needed"] == stats.seeds_needed(0.06, M)
+    assert not plan["none"]["decidable"] and plan["none"]["seeds_needed"] is None  # no pilot: nothing known
+    assert not design.plan(2)["big"]["decidable"]  # below MIN_PAIRS
+
+
+def test_judge_undecidable_whatever_the_data_and_holm_over_the_decidable_family():
+    findings = {"a": UP, "b": UP, "c": UP, "u": SAME}
+    design = Design(findings, {"a": 0.004, "b": 0.004, "c": 0.004, "u": 0.5})
+    rng = np.random.default_rng(1)
+    # a: a clear gain; b: a gain with one-sided p 0.015 (< 0.025 alone; Holm's second step needs < 0.025 / 2);
+    # c: straddles zero and the margin (inconclusive: it claims nothing, p = 1, but counts in the family)
+    diffs = {"a": stats.t_interval(0.05 + 0.004 * rng.standard_normal(5)), "b": _interval_with_p(0.015),
+             "c": Interval(0.01, -0.015, 0.035, 5, 0.02),
+             "u": stats.t_interval(np.array([0.001, -0.001, 0.0, 0.0005, -0.0005]))}  # would pass alone
+    assert decide(UP, diffs["b"]) == "reproduced"  # unadjusted it would stand
+    got = {j.key: j for j in judge(design, diffs, seeds=5)}
+    assert got["u"].verdict == UNDECIDABLE and got["u"].p_holm is None  # decided before looking at the data
+    assert got["a"].verdict == "reproduced"
+    assert got["c"].verdict == "inconclusive" and got["c"].p_holm == 1.0
+    assert got["b"].verdict == "inconclusive" and got["b"].p_holm == pytest.approx(0.03, rel=1e-3)  # 2 x 0.015
+    assert got["a"].p_holm == pytest.approx(3 * claim_p(UP, diffs["a"], "reproduced"))
+
+
+def _interval_with_p(p: float, n: int = 5, sd: float = 0.01) -> Interval:
+    """An interval whose one-sided p-value against 0 is ``p`` and whose upper end is far past the margin."""
+    se = sd / math.sqrt(n)
+    mean = stats.t_quantile(1 - p, n - 1) * se
+    half = stats.t_quantile(0.975, n - 1) * se
+    return Interval(mean, mean - half, mean + half, n, sd)
+
+
+def test_exploratory_findings_are_shown_but_never_in_the_family():
+    design = Design({"a": UP, "x": dataclasses.replace(UP, exploratory=True)}, {"a": 0.004, "x": 0.004})
+    d = _interval_with_p(0.015)
+    got = {j.key: j for j in judge(design, {"a": d, "x": d}, seeds=5)}
+    assert got["x"].verdict == "reproduced (exploratory)" and got["x"].p_holm is None
+    assert got["a"].verdict == "reproduced" and got["a"].p_holm == pytest.approx(0.015, rel=1e-3)  # a family of 1
+
+
+def test_rows_show_the_interval_its_sd_against_the_plan_and_holm_p():
+    design = _design(0.01)
+    d = stats.t_interval(np.array([0.05, 0.06, 0.04, 0.05, 0.055]))
+    (row,) = verdict_rows(judge(design, {"a": d}, seeds=5))
+    assert row[:3] == ["c", "p", "0.02"]
+    assert row[3] == f"{d.text()} (5 seeds)"
+    assert row[4] == f"{d.sd:.3f} (0.010)" and row[6] == "reproduced"
+
+
+def test_registration_round_trip_and_margins_changed_after_the_run(tmp_path):
+    exp_file = tmp_path / "exp.py"
+    exp_file.write_text("# an experiment\n")
+    before = _design(0.01, a=UP, b=SAME)
+    registered = json.loads(json.dumps({"experiment_sha256": stats_sha(exp_file), "seeds": [10, 11, 12],
+                                        "overrides": {}, "design": before.record()}))
+    assert registered_design(registered, None) == before
+    assert registration_notes(before, registered, str(exp_file), [10, 11, 12]) == []
+    after = _design(0.01, a=dataclasses.replace(UP, margin=0.05), b=SAME)
+    exp_file.write_text("# an experiment, margins widened after seeing the data\n")
+    notes = " ".join(registration_notes(after, registered, str(exp_file), [10, 11, 12]))
+    assert "margins changed after the run" in notes and "'a'" in notes and "'b'" not in notes
+    assert "The experiment file changed after the run started" in notes
+    pilot = " ".join(registration_notes(before, registered, str(exp_file), [0, 1, 2]))
+    assert "pilot" in pilot
+    assert "not pre-registered" in " ".join(registration_notes(before, None, str(exp_file), [10]))
+
+
+def stats_sha(path):
+    from attn_lab.reporting.verdicts import file_sha256
+
+    return file_sha256(str(path))
 
 
 def test_by_seed_pairs_rows_by_their_seed_column_and_skips_missing_metrics():
-    from attn_lab.reporting.verdicts import by_seed
-
     rows = [{"seed": 2, "m": 0.5}, {"seed": 0, "m": 0.7}, {"seed": 1, "m": None}, {"m": 0.9}]
     assert by_seed(rows, "m") == {2: 0.5, 0: 0.7}
 
 
-def test_note_says_a_small_run_decides_nothing():
-    from attn_lab.reporting.verdicts import verdict_note
-
-    small = verdict_note([(UP, Interval(0.1, 0.0, 0.2, pairs=2))], "exact match")
-    assert "decides nothing" in small and "'quick' preset" in small
-    assert "decides nothing" not in verdict_note([(UP, Interval(0.1, 0.05, 0.2, pairs=5))], "exact match")
+def test_findings_reject_bad_directions_and_margins():
+    with pytest.raises(ValueError, match="direction='sideways'"):
+        Finding("c", "p", "sideways", 0.1)
+    with pytest.raises(ValueError, match="margin=0"):
+        Finding("c", "p", "up", 0)
+    with pytest.raises(ValueError, match="finding 'a' has no expected sd"):
+        Design({"a": UP}, {})

@@ -123,6 +123,16 @@ def read_json(path: str) -> Any | None:
         return json.load(f)
 
 
+def read_sweep_info(sweep_dir: str) -> dict | None:
+    """``<sweep_dir>/sweep.json`` (the experiment, and the registration written when the sweep started), or None
+    when it is missing or unreadable."""
+    try:
+        info = read_json(os.path.join(sweep_dir, "sweep.json"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
 def analyses(sweep_dir: str, group: list[dict], name: str) -> list[Any]:
     """``analysis/<name>.json`` of every seed of a group that has it (analyze_heads.py writes them per trial)."""
     found = [read_json(os.path.join(sweep_dir, r["trial"], "analysis", f"{name}.json")) for r in group]

@@ -1,49 +1,64 @@
-"""Uncertainty of a comparison and the verdict on a published finding, decided by one rule written here once.
+"""The verdict on a published finding: one decision table, Holm's correction over a table's findings, and the
+design a preset registers before it runs (which findings it can decide at all).
 
-A table row is compared with the table's baseline seed by seed: trial seeds are shared across rows, so seed ``s``
-of a variant and seed ``s`` of the baseline saw the same initialization stream and data order, and their
-difference removes that shared noise (a paired design). The interval is a percentile bootstrap of the mean
-paired difference, resampling seeds with replacement (Efron & Tibshirani 1993, ch. 13); with the few seeds a
-sweep affords it is a rough interval, which is why the rule below needs ``MIN_PAIRS`` pairs before it decides.
+Evidence is the paired t-interval of the per-seed difference (compared row minus baseline; :mod:`.stats`) at
+``LEVEL``. A finding says the difference goes ``up`` or ``down`` (by at least ``margin``, the smallest difference
+that counts), stays the ``same`` (within ``margin`` either way: equivalence) or is ``not_worse`` (loses less than
+``margin``: non-inferiority). For up/down the interval ``[L, H]`` is first turned to the paper's side (a 'down'
+finding's difference is negated), so ``m = margin > 0`` below is an effect in the paper's direction.
 
-The rule (:func:`decide`), for a finding that says a change moves a higher-is-better metric up, down, leaves it
-unchanged, or costs at most a little (not worse):
+**The decision table** (:func:`decide`; tests/test_verdicts.py checks every cell):
 
-- ``reproduced``: the whole interval lies on the paper's side of zero (up/down), inside the equivalence band
-  ``[-margin, margin]`` (same), or above ``-margin`` (not worse);
-- ``not reproduced``: the whole interval lies on the other side of zero (up/down) -- or inside the band, so no
-  effect of the size the paper reports exists here --, entirely outside the band (same), or below ``-margin``
-  (not worse);
-- ``inconclusive``: anything else (the interval straddles the boundary), or fewer than ``MIN_PAIRS`` pairs.
+=========== ============================== ========================== ==========================================
+direction   the interval                   verdict                    reading
+=========== ============================== ========================== ==========================================
+up / down   L > 0 and H >= m               reproduced                 a real effect, not shown smaller than m
+up / down   L > 0 and H < m                smaller than published     real, but every value is below the margin
+up / down   L <= 0 and H < m               not reproduced             no effect of the margin's size (or reversed)
+up / down   L <= 0 and H >= m              inconclusive               straddles zero and the margin
+same        -m < L and H < m               reproduced                 equivalent within the band (TOST)
+same        L > m or H < -m                not reproduced             differs by more than the margin
+same        otherwise                      inconclusive               straddles a band edge
+not_worse   L > -m                         reproduced                 loses less than the margin
+not_worse   H < -m                         not reproduced             loses more than the margin
+not_worse   otherwise                      inconclusive               straddles -m
+=========== ============================== ========================== ==========================================
+
+These are Lakens' (2017, "Equivalence tests", Fig. 1) four outcomes of combining a test against zero with a test
+against the margin: different from zero and not equivalent (reproduced), different and equivalent (smaller than
+published), equivalent and not different (not reproduced), neither (inconclusive). Each interval edge is a one-sided
+t-test at ``(1 - LEVEL) / 2``: ``L > 0`` is ``p(H0: d <= 0) < 0.025``, and so on (:func:`claim_p`).
+
+**Multiplicity.** The family is the confirmatory, decidable findings of one table: a verdict other than
+inconclusive stands only if its claim's p-value, Holm-adjusted over that family, is below ``(1 - LEVEL) / 2``
+(Holm 1979; with data-chosen directions as in Shaffer 1980); otherwise the row is inconclusive.
+
+**Design, before the run.** A preset declares, per finding, the per-seed standard deviation of the paired
+difference it expects (from a pilot on seeds the verdict run does not use). With its number of seeds this gives
+the expected half-width of the interval (:func:`attn_lab.reporting.stats.expected_half_width`); a finding whose
+expected half-width is not below its margin is ``undecidable at this budget``: it is not tested, its row says so
+whatever the data, and it is not in the Holm family. The sweep writes the design into ``sweep.json`` when it starts
+(:func:`registration`); the table compares it with the experiment file as it is now.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import math
+import os
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
-import numpy as np
+from attn_lab.reporting import stats
+from attn_lab.reporting.stats import INTERVAL, LEVEL, Interval, paired_t
 
-MIN_PAIRS = 3  # a bootstrap over fewer seeds than this cannot separate anything from its noise
-LEVEL = 0.95
-RESAMPLES = 10_000
+MIN_PAIRS = 3  # below this a t-interval has one degree of freedom: nothing is decided by one seed's luck
+ALPHA = (1 - LEVEL) / 2  # one-sided level of each interval edge
 Direction = Literal["up", "down", "same", "not_worse"]
-VERDICTS = ("reproduced", "not reproduced", "inconclusive")
-
-
-@dataclasses.dataclass(frozen=True)
-class Interval:
-    """Mean paired difference (other - baseline) and its bootstrap interval over ``pairs`` shared seeds."""
-
-    mean: float
-    low: float
-    high: float
-    pairs: int
-
-    def text(self, digits: int = 3) -> str:
-        """``+0.012 [-0.004, +0.030]`` (the interval at LEVEL)."""
-        return f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+DIRECTIONS = ("up", "down", "same", "not_worse")
+UNDECIDABLE = "undecidable at this budget"
+VERDICTS = ("reproduced", "smaller than published", "not reproduced", "inconclusive", UNDECIDABLE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,71 +68,268 @@ class Finding:
     Attributes:
       claim: the finding, e.g. 'one head is worse than eight (Table 3, rows A)'.
       paper: the paper's number as text, e.g. '-0.9 BLEU'.
-      direction: 'up' / 'down' (the compared row's metric minus the baseline's should be > 0 / < 0), 'same'
-        (within ``margin`` either way: equivalence) or 'not_worse' (loses less than ``margin``: non-inferiority).
-      margin: the smallest difference that counts as an effect, in the metric's units (the equivalence band).
+      direction: 'up' / 'down' (the compared row's metric minus the baseline's should be > 0 / < 0 by at least
+        ``margin``), 'same' (within ``margin`` either way) or 'not_worse' (loses less than ``margin``).
+      margin: the smallest difference that counts as an effect, in the metric's units; fixed before a run.
+      exploratory: a finding formed after looking at data of these seeds: shown, never in the Holm family.
     """
 
     claim: str
     paper: str
     direction: Direction
     margin: float
+    exploratory: bool = False
+
+    def __post_init__(self):
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"Finding({self.claim!r}): direction={self.direction!r}, allowed: {DIRECTIONS}")
+        if not (isinstance(self.margin, (int, float)) and self.margin > 0 and math.isfinite(self.margin)):
+            raise ValueError(f"Finding({self.claim!r}): margin={self.margin!r} must be a positive number")
 
 
-def paired_bootstrap(baseline: Mapping[int, float], other: Mapping[int, float], *, level: float = LEVEL,
-                     resamples: int = RESAMPLES, seed: int = 0) -> Interval | None:
-    """The mean of ``other[s] - baseline[s]`` over the seeds both have, with a percentile bootstrap interval.
+@dataclasses.dataclass(frozen=True)
+class Design:
+    """What a preset promises before it runs (pre-registration): its findings and the noise it expects.
 
-    Returns None when no seed is shared. Deterministic for a given ``seed`` (the table must not change between
-    two make_tables runs on the same sweep).
+    Attributes:
+      findings: key -> finding (the key names the compared row, or whatever the experiment's report pairs).
+      sd: key -> the per-seed standard deviation of that finding's paired difference expected at this preset, from
+        a pilot run (None: no pilot; the preset cannot say what it detects, and the finding is undecidable).
+      pilot: where the standard deviations come from: the command and the seeds of the pilot run.
+      pilot_seeds: the seeds the pilot used; a verdict run must use others (a run on them is a pilot itself).
+      level: the interval's level.
     """
-    seeds = sorted(set(baseline) & set(other))
-    if not seeds:
-        return None
-    diffs = np.array([other[s] - baseline[s] for s in seeds], np.float64)  # (P,)
-    picks = np.random.default_rng(seed).integers(0, len(diffs), (resamples, len(diffs)))  # (R, P)
-    means = diffs[picks].mean(axis=1)  # (R,)
-    tail = (1.0 - level) / 2 * 100
-    low, high = np.percentile(means, [tail, 100 - tail])
-    return Interval(float(diffs.mean()), float(low), float(high), len(seeds))
+
+    findings: Mapping[str, Finding]
+    sd: Mapping[str, float | None]
+    pilot: str = ""
+    pilot_seeds: tuple[int, ...] = ()
+    level: float = LEVEL
+
+    def __post_init__(self):
+        missing = [k for k in self.findings if k not in self.sd]
+        if missing:
+            raise ValueError(f"Design: finding '{missing[0]}' has no expected sd (give None when no pilot ran)")
+
+    def plan(self, seeds: int) -> dict[str, dict[str, Any]]:
+        """Per finding, what ``seeds`` seeds can show: the expected half-width, the smallest difference detected
+        with 80% power, whether the finding is decidable (half-width below the margin) and the seeds it needs."""
+        out = {}
+        for key, finding in self.findings.items():
+            sd = self.sd[key]
+            known = sd is not None
+            half = stats.expected_half_width(sd, seeds, self.level) if known else math.inf
+            needed = stats.seeds_needed(sd, finding.margin, self.level) if known else None
+            out[key] = {"sd": sd, "seeds": seeds, "half_width": half,
+                        "detectable": stats.detectable_difference(sd, seeds, self.level) if known else math.inf,
+                        "decidable": seeds >= MIN_PAIRS and half < finding.margin,
+                        "seeds_needed": None if needed is None else max(MIN_PAIRS, needed)}
+        return out
+
+    def record(self) -> dict[str, Any]:
+        """The design as JSON (what ``sweep.json`` keeps)."""
+        return {"level": self.level, "pilot": self.pilot, "pilot_seeds": list(self.pilot_seeds),
+                "findings": {k: {**dataclasses.asdict(f), "sd": self.sd[k]} for k, f in self.findings.items()}}
+
+
+def oriented(finding: Finding, diff: Interval) -> Interval:
+    """``diff`` turned to the paper's side for an up/down finding (a 'down' difference negated)."""
+    if finding.direction != "down":
+        return diff
+    return dataclasses.replace(diff, mean=-diff.mean, low=-diff.high, high=-diff.low)
 
 
 def decide(finding: Finding, diff: Interval | None) -> str:
-    """The verdict on ``finding`` given our paired difference (see the module docstring for the rule)."""
+    """The decision table's verdict on ``finding`` for the interval ``diff`` (see the module docstring); no
+    multiplicity here. Fewer than ``MIN_PAIRS`` pairs, or no interval: inconclusive."""
     if diff is None or diff.pairs < MIN_PAIRS:
         return "inconclusive"
-    inside_band = -finding.margin <= diff.low and diff.high <= finding.margin
+    m = finding.margin
     if finding.direction == "not_worse":
-        if diff.low >= -finding.margin:
-            return "reproduced"
-        return "not reproduced" if diff.high < -finding.margin else "inconclusive"
+        return "reproduced" if diff.low > -m else "not reproduced" if diff.high < -m else "inconclusive"
     if finding.direction == "same":
-        if inside_band:
+        if -m < diff.low and diff.high < m:
             return "reproduced"
-        outside_band = diff.low > finding.margin or diff.high < -finding.margin
-        return "not reproduced" if outside_band else "inconclusive"
-    sign = 1.0 if finding.direction == "up" else -1.0
-    low, high = sorted((sign * diff.low, sign * diff.high))  # the paper's side is now > 0
-    if low > 0:
-        return "reproduced"
-    if high < 0 or inside_band:
-        return "not reproduced"
-    return "inconclusive"
+        return "not reproduced" if diff.low > m or diff.high < -m else "inconclusive"
+    d = oriented(finding, diff)
+    if d.low > 0:
+        return "reproduced" if d.high >= m else "smaller than published"
+    return "not reproduced" if d.high < m else "inconclusive"
 
 
-def verdict_row(finding: Finding, diff: Interval | None, digits: int = 3) -> list[str]:
-    """``[claim, paper, ours with interval, verdict]``: one row of a table's verdict block."""
-    ours = "–" if diff is None else f"{diff.text(digits)} ({diff.pairs} seeds)"
-    return [finding.claim, finding.paper, ours, decide(finding, diff)]
+def claim_p(finding: Finding, diff: Interval, verdict: str) -> float:
+    """The one-sided p-value of the claim a verdict makes (1 for inconclusive: it claims nothing). A claim holds at
+    ``ALPHA`` exactly when :func:`decide` reaches that verdict (the interval edges are these tests)."""
+    m, d = finding.margin, oriented(finding, diff)
+    claims = {
+        "up": {"reproduced": lambda: stats.p_above(d, 0.0),
+               "smaller than published": lambda: max(stats.p_above(d, 0.0), stats.p_below(d, m)),
+               "not reproduced": lambda: stats.p_below(d, m)},
+        "same": {"reproduced": lambda: max(stats.p_above(diff, -m), stats.p_below(diff, m)),
+                 "not reproduced": lambda: (stats.p_above(diff, m) if diff.mean > 0 else stats.p_below(diff, -m))},
+        "not_worse": {"reproduced": lambda: stats.p_above(diff, -m),
+                      "not reproduced": lambda: stats.p_below(diff, -m)},
+    }[{"down": "up"}.get(finding.direction, finding.direction)]
+    return claims[verdict]() if verdict in claims else 1.0
 
 
-VERDICT_HEADER = ("finding", "paper", f"ours: mean diff [{LEVEL:.0%} paired bootstrap CI]", "verdict")
-RULE = (f"Verdict rule (attn_lab/reporting/verdicts.py): the {LEVEL:.0%} percentile bootstrap interval of the mean "
-        "per-seed difference lies wholly on the paper's side of zero -> reproduced; wholly on the other side, or "
-        "inside ± the margin where the paper reports an effect -> not reproduced; for 'no difference' findings, "
-        "inside ± the margin -> reproduced, wholly outside -> not reproduced; for 'costs little' findings, above "
-        "-margin -> reproduced, wholly below -> not reproduced; otherwise, or with fewer than "
-        f"{MIN_PAIRS} paired seeds, inconclusive.")
+@dataclasses.dataclass(frozen=True)
+class Judged:
+    """One finding's row: the evidence, the plan it was judged under and the verdict after Holm."""
+
+    key: str
+    finding: Finding
+    diff: Interval | None
+    plan: dict[str, Any]
+    verdict: str
+    p_holm: float | None  # None: not tested (undecidable, exploratory or without an interval)
+
+
+def judge(design: Design, diffs: Mapping[str, Interval | None], seeds: int) -> list[Judged]:
+    """Every finding of ``design`` that ``diffs`` has, judged: undecidable ones by the plan at ``seeds`` seeds
+    (before looking), the others by the decision table and Holm over the confirmatory decidable ones."""
+    plan = design.plan(seeds)
+    keys = [k for k in design.findings if k in diffs]
+    raw = {k: decide(design.findings[k], diffs[k]) for k in keys}
+    family = [k for k in keys if plan[k]["decidable"] and not design.findings[k].exploratory]
+    adjusted = stats.holm({k: claim_p(design.findings[k], diffs[k], raw[k]) if diffs[k] is not None
+                           and raw[k] != "inconclusive" else 1.0 for k in family})
+    out = []
+    for k in keys:
+        finding = design.findings[k]
+        if not plan[k]["decidable"]:
+            verdict, p = UNDECIDABLE, None
+        elif finding.exploratory:
+            verdict, p = f"{raw[k]} (exploratory)", None
+        else:
+            p = adjusted[k]
+            verdict = raw[k] if p < ALPHA else "inconclusive"
+        out.append(Judged(k, finding, diffs[k], plan[k], verdict, p))
+    return out
+
+
+# --- pre-registration: what the sweep writes when it starts, and what the table compares it with ---------------
+
+def file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def registration(exp: Any, experiment_path: str) -> dict[str, Any]:
+    """What a sweep records in ``sweep.json`` before any trial starts: the experiment file's sha256, its design
+    (findings, margins, expected sds, pilot seeds), the seeds and the fixed overrides (budgets)."""
+    return {"experiment_sha256": file_sha256(experiment_path), "seeds": list(exp.seeds),
+            "overrides": dict(exp.overrides), "design": exp.design.record() if exp.design else None}
+
+
+def registration_notes(design: Design | None, registered: Mapping[str, Any] | None, experiment_path: str,
+                       seeds: Sequence[int]) -> list[str]:
+    """What a reader must know before trusting the verdicts: no registration, a file or design that changed after
+    the run started, a run on the pilot's seeds."""
+    if not registered or registered.get("design") is None:
+        return ["This sweep recorded no design when it started (an older sweep, or an experiment without one): the "
+                "verdicts are not pre-registered."]
+    notes = []
+    if os.path.exists(experiment_path) and file_sha256(experiment_path) != registered.get("experiment_sha256"):
+        notes.append(f"The experiment file changed after the run started (sha256 {registered['experiment_sha256'][:12]}"
+                     f" -> {file_sha256(experiment_path)[:12]}).")
+    before = registered["design"]["findings"]
+    now = design.record()["findings"] if design else {}
+    changed = sorted(k for k in set(before) | set(now)
+                     if {f: (before.get(k) or {}).get(f) for f in ("claim", "direction", "margin", "sd")}
+                     != {f: (now.get(k) or {}).get(f) for f in ("claim", "direction", "margin", "sd")})
+    if changed:
+        notes.append("margins changed after the run: the findings " + ", ".join(f"'{k}'" for k in changed) +
+                     " differ from the ones registered when the sweep started; the table judges the registered ones.")
+    pilot = sorted(set(seeds) & set(registered["design"].get("pilot_seeds", [])))
+    if pilot:
+        notes.append(f"This run uses the design's pilot seeds ({', '.join(map(str, pilot))}): it is a pilot, its "
+                     "verdicts are exploratory; its per-seed sds are what a design declares.")
+    return notes
+
+
+def registered_design(registered: Mapping[str, Any] | None, fallback: Design | None) -> Design | None:
+    """The design as registered when the sweep started (what the verdicts are judged under), else ``fallback``."""
+    if not registered or not registered.get("design"):
+        return fallback
+    rec = registered["design"]
+    findings = {k: Finding(**{f: v[f] for f in ("claim", "paper", "direction", "margin", "exploratory")})
+                for k, v in rec["findings"].items()}
+    return Design(findings, {k: v["sd"] for k, v in rec["findings"].items()}, rec.get("pilot", ""),
+                  tuple(rec.get("pilot_seeds", ())), rec.get("level", LEVEL))
+
+
+# --- the table -------------------------------------------------------------------------------------------------
+
+VERDICT_HEADER = ("finding", "paper", "margin", f"ours: mean diff [{LEVEL:.0%} {INTERVAL} CI]",
+                  "sd: run (planned)", "Holm p", "verdict")
+RULE = (f"Interval: {INTERVAL} at {LEVEL:.0%} over seeds. Rule (attn_lab/reporting/verdicts.py): up/down -- the "
+        "interval above 0 and reaching the margin -> reproduced, above 0 but below the margin -> smaller than "
+        "published, below the margin and not above 0 -> not reproduced; same -- inside ± margin -> reproduced, "
+        "wholly outside -> not reproduced; not worse -- above -margin -> reproduced, wholly below -> not reproduced; "
+        f"otherwise inconclusive. A verdict stands if its claim's Holm-adjusted one-sided p < {ALPHA:g} over the "
+        "table's confirmatory decidable findings (the family); a finding whose expected half-width at the planned "
+        "seeds is not below its margin is undecidable at this budget, decided before the run.")
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _p_text(p: float | None) -> str:
+    return "–" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def verdict_rows(judged: Sequence[Judged], digits: int = 3) -> list[list[str]]:
+    rows = []
+    for j in judged:
+        ours = "–" if j.diff is None else f"{j.diff.text(digits)} ({j.diff.pairs} seeds)"
+        sd = f"{_fmt(None if j.diff is None else j.diff.sd, digits)} ({_fmt(j.plan['sd'], digits)})"
+        rows.append([j.finding.claim, j.finding.paper, f"{j.finding.margin:g}", ours, sd,
+                     _p_text(j.p_holm), j.verdict])
+    return rows
+
+
+def plan_text(plan: Mapping[str, Any], margin: float) -> str:
+    """One finding's plan in words: ``±0.075 expected at 5 seeds vs margin 0.02 (needs 43 seeds)``."""
+    if plan["sd"] is None:
+        return f"no pilot sd, so what {plan['seeds']} seeds detect is unknown (margin {margin:g})"
+    need = plan["seeds_needed"]
+    return (f"±{_fmt(plan['half_width'])} expected at {plan['seeds']} seeds vs margin {margin:g}, detectable "
+            f"{_fmt(plan['detectable'])} (80% power); "
+            + (f"needs {need} seeds" if need is not None else "needs more than 10000 seeds"))
+
+
+def verdict_note(judged: Sequence[Judged], metric: str, notes: Sequence[str] = ()) -> str:
+    """The rule, the metric, the family, what the undecidable findings would need, and the registration notes."""
+    family = [j for j in judged if j.p_holm is not None]
+    text = (f"Differences in {metric} (compared row minus baseline, paired by seed). {RULE} Family: "
+            f"{len(family)} finding{'s' * (len(family) != 1)}.")
+    undecidable = [j for j in judged if j.verdict == UNDECIDABLE]
+    if undecidable:
+        need = "; ".join(f"'{j.key}': {plan_text(j.plan, j.finding.margin)}" for j in undecidable)
+        text += f" Undecidable at this budget: {need}."
+    return " ".join([text, *notes])
+
+
+def verdict_table(design: Design | None, diffs: Mapping[str, Interval | None], metric: str, sweep_dir: str,
+                  exp: Any, title: str = "Verdicts"):
+    """The verdict table of ``diffs`` (finding key -> interval) under the design registered in ``sweep_dir``'s
+    sweep.json (or ``design`` when none was); None when no finding has a comparison."""
+    from attn_lab.reporting.tables import Table, read_sweep_info
+
+    info = read_sweep_info(sweep_dir)
+    registered = (info or {}).get("registration")
+    used = registered_design(registered, design)
+    if used is None or not any(k in diffs for k in used.findings):
+        return None
+    seeds = list((registered or {}).get("seeds") or getattr(exp, "seeds", []))
+    judged = judge(used, diffs, len(seeds))
+    path = ((info or {}).get("experiment") or "").rsplit(":", 1)[0]
+    notes = registration_notes(design, registered, path, seeds)
+    if set(seeds) & set(used.pilot_seeds):  # a pilot: shown, never a verdict
+        judged = [dataclasses.replace(j, verdict=f"{j.verdict} (pilot)") for j in judged]
+    return Table(title, VERDICT_HEADER, verdict_rows(judged), verdict_note(judged, metric, notes))
 
 
 def by_seed(group: Sequence[Mapping], metric: str) -> dict[int, float]:
@@ -125,30 +337,13 @@ def by_seed(group: Sequence[Mapping], metric: str) -> dict[int, float]:
     return {int(r["seed"]): float(r[metric]) for r in group if r.get(metric) is not None and "seed" in r}
 
 
-def variant_verdicts(groups: Mapping[str, Sequence[Mapping]], baseline: str, findings: Mapping[str, Finding],
-                     metric: str, label: str, preset_hint: str = "quick"):
+def variant_verdicts(groups: Mapping[str, Sequence[Mapping]], baseline: str, exp: Any, sweep_dir: str, metric: str,
+                     label: str):
     """The verdict table of findings that each compare one variant with ``baseline`` (``groups``: variant -> its
-    finished rows), paired by seed in ``metric``; None when the baseline or every compared variant is missing."""
-    from attn_lab.reporting.tables import Table
-
-    if baseline not in groups:
+    finished rows), paired by seed in ``metric``, under the experiment's design; None without a comparison."""
+    design = getattr(exp, "design", None)
+    if baseline not in groups or design is None:
         return None
     base = by_seed(groups[baseline], metric)
-    checks = [(f, paired_bootstrap(base, by_seed(groups[v], metric))) for v, f in findings.items() if v in groups]
-    if not checks:
-        return None
-    return Table("Verdicts", VERDICT_HEADER, verdict_rows(checks), verdict_note(checks, label, preset_hint))
-
-
-def verdict_rows(checks: Sequence[tuple[Finding, Interval | None]], digits: int = 3) -> list[list[str]]:
-    return [verdict_row(finding, diff, digits) for finding, diff in checks]
-
-
-def verdict_note(checks: Sequence[tuple[Finding, Interval | None]], metric: str, preset_hint: str = "quick") -> str:
-    """The rule, the metric and margins, and -- when no comparison had enough seeds -- that the run decides nothing."""
-    margins = "; ".join(sorted({f"{f.margin:g}" for f, _ in checks}))
-    note = f"Differences in {metric} (compared row minus baseline, paired by seed), margin {margins}. {RULE}"
-    if all(diff is None or diff.pairs < MIN_PAIRS for _, diff in checks):
-        note += (f" This run has fewer than {MIN_PAIRS} paired seeds per comparison, so it decides nothing: run "
-                 f"the '{preset_hint}' preset for verdicts.")
-    return note
+    diffs = {v: paired_t(base, by_seed(groups[v], metric)) for v in design.findings if v in groups}
+    return verdict_table(design, diffs, label, sweep_dir, exp)

@@ -34,6 +34,9 @@ from attn_lab.cli import (
     split_config_overrides,
 )
 from attn_lab.io import write_json_atomic
+from attn_lab.reporting.stats import INTERVAL
+from attn_lab.reporting.tables import read_json
+from attn_lab.reporting.verdicts import UNDECIDABLE, file_sha256, plan_text, registration
 from attn_lab.sweep.runner import collect, format_table, override_flags, run_sweep, write_csv
 from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment
 from attn_lab.sweep.wandb_sweep import sweep_definition, trial_from_wandb, write_sweep_yaml
@@ -108,6 +111,41 @@ def _load() -> tuple[Experiment, list[Trial]]:
     return exp, select(exp)
 
 
+def design_text(exp: Experiment) -> str:
+    """What the preset can decide, per finding, before anything runs (``--dry-run`` prints it)."""
+    if exp.design is None:
+        return "design: none (this experiment declares no findings to judge)"
+    d = exp.design
+    lines = [f"design: {len(exp.seeds)} seeds, {INTERVAL} interval at {d.level:.0%}; expected sds from: "
+             f"{d.pilot or 'no pilot'} (pilot seeds {', '.join(map(str, d.pilot_seeds)) or 'none'})"]
+    for key, plan in d.plan(len(exp.seeds)).items():
+        finding = d.findings[key]
+        verdict = "decidable" if plan["decidable"] else UNDECIDABLE
+        lines.append(f"  {key}: {finding.direction}, {plan_text(plan, finding.margin)} -> {verdict}"
+                     + (" (exploratory)" if finding.exploratory else ""))
+    overlap = sorted(set(exp.seeds) & set(d.pilot_seeds))
+    if overlap:
+        lines.append(f"  seeds {', '.join(map(str, overlap))} are the pilot's: this run is a pilot, not a verdict run")
+    return "\n".join(lines)
+
+
+def register(exp: Experiment, spec: str, workdir: str) -> None:
+    """``sweep.json``: where the experiment is (for make_tables) and, written once when the sweep first starts, its
+    registration -- the file's sha256, design, seeds and budgets -- which a resumed sweep keeps."""
+    path, _, preset = spec.partition(":")
+    experiment = f"{os.path.abspath(path)}:{preset or 'quick'}"
+    info_path = os.path.join(workdir, "sweep.json")
+    try:
+        old = read_json(info_path)
+    except (OSError, ValueError):  # an unreadable sweep.json is replaced (it only locates the experiment)
+        old = None
+    keep = isinstance(old, dict) and old.get("experiment") == experiment and old.get("registration")
+    reg = old["registration"] if keep else registration(exp, path)
+    if keep and reg.get("experiment_sha256") != file_sha256(path):
+        print(f"note: {path} changed since this sweep started; its tables judge the design registered then")
+    write_json_atomic(info_path, {"experiment": experiment, "root": exp.root, "name": exp.name, "registration": reg})
+
+
 def main(argv: list[str]) -> int:
     """Checks everything, then lists (``--dry-run``), exports (``--export-wandb``) or runs the trials."""
     extra, spec, workdir = argv[1:], _EXPERIMENT.value, _WORKDIR.value
@@ -126,11 +164,10 @@ def main(argv: list[str]) -> int:
     if _DRY_RUN.value:
         for t in trials:
             print(t.name, " ".join(override_flags(t.overrides)))
+        print(design_text(exp))
         return 0
     os.makedirs(workdir, exist_ok=True)
-    path, _, preset = spec.partition(":")  # for scripts/make_tables.py
-    write_json_atomic(os.path.join(workdir, "sweep.json"), {
-        "experiment": f"{os.path.abspath(path)}:{preset or 'quick'}", "root": exp.root, "name": exp.name})
+    register(exp, spec, workdir)
     statuses = run_sweep(exp, trials, workdir, parallel=_PARALLEL.value, extra=extra, vmap_seeds=_VMAP_SEEDS.value)
     rows = collect(exp, workdir, statuses)
     write_csv(rows, os.path.join(workdir, "results.csv"))

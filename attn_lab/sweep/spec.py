@@ -15,7 +15,10 @@ An experiment file (``experiments/<table>.py``) has ``get_experiment(preset) -> 
 - ``seeds``: list of seeds (crossed with everything else);
 - ``analyze``: ``{'what': 'ablate,prune', 'metric': 'bleu', ...}``: flags of ``python -m attn_lab.analysis`` (key
   ``max_batches`` -> ``--max-batches``; a list value is written comma-separated), run on every trial once it
-  finishes (skipped when its ``analysis/<method>.json`` files exist).
+  finishes (skipped when its ``analysis/<method>.json`` files exist);
+- ``design``: an :class:`attn_lab.reporting.verdicts.Design` -- the findings the report judges, their margins and
+  the per-seed standard deviations expected from a pilot on other seeds. ``--dry-run`` prints what the preset can
+  detect per finding, and the sweep records the design in ``sweep.json`` before any trial starts.
 
 Beside ``get_experiment`` the file defines ``report(rows, sweep_dir, exp, out_dir, bench) -> [Table]``, next to its
 published numbers: the tables ``python -m attn_lab.reporting --workdir <sweep>`` makes of the sweep.
@@ -36,8 +39,9 @@ from typing import Any
 import ml_collections
 
 from attn_lab.checks import check_seed
+from attn_lab.reporting.verdicts import Design
 
-KEYS = ("name", "config", "overrides", "grid", "zip", "variants", "seeds", "analyze")
+KEYS = ("name", "config", "overrides", "grid", "zip", "variants", "seeds", "analyze", "design")
 # key -> (type, what it must be): the shape of what get_experiment returns
 SHAPES: dict[str, tuple[type, str]] = {
     "name": (str, "a non-empty string"), "config": (str, "a string 'configs/<task>.py[:preset]'"),
@@ -45,6 +49,7 @@ SHAPES: dict[str, tuple[type, str]] = {
     "zip": ((list, tuple), "a list of dicts {'dotted.key': [values]}"),
     "variants": (dict, "a dict {'name': {overrides}}"),
     "seeds": ((list, tuple), "a list of seeds"), "analyze": (dict, "a dict of analysis flags"),
+    "design": (Design, "an attn_lab.reporting.verdicts.Design (findings, margins, pilot sds)"),
 }
 REQUIRED = ("name", "config")
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # shipped configs/
@@ -71,6 +76,7 @@ class Experiment:
     variants: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     analyze: dict[str, Any] = dataclasses.field(default_factory=dict)
     report_fn: Any = None  # the experiment file's ``report`` function, if it defines one
+    design: Design | None = None  # what the preset promises before it runs (attn_lab.reporting.verdicts)
 
     def trials(self) -> list[Trial]:
         """Every combination of the axes and seeds, named from its swept values."""
@@ -180,7 +186,7 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
         check_seed(seed, f"{path}: seeds")
     exp = Experiment(name=raw["name"], config=config_path, root=root, overrides=dict(raw.get("overrides", {})),
                      axes=axes, seeds=seeds, variants=dict(variants), analyze=dict(raw.get("analyze", {})),
-                     report_fn=getattr(module, "report", None))
+                     report_fn=getattr(module, "report", None), design=raw.get("design"))
     names = [t.name for t in exp.trials()]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
