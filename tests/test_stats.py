@@ -19,13 +19,8 @@ SIMULATIONS = 4000
 LOW, HIGH = 0.93, 0.97  # the band the stated 95% must fall in for normal differences
 
 
-def coverage(interval, draw, n: int, truth: float, simulations: int = SIMULATIONS, seed: int = 0) -> float:
-    """The share of ``simulations`` datasets of ``n`` differences (``draw(rng, shape)``) whose ``interval`` covers
-    ``truth``; ``interval(diffs) -> Interval`` is the function under test, called once per dataset."""
-    rng = np.random.default_rng(seed)
-    data = draw(rng, (simulations, n))  # (D, n)
-    hits = [(lambda iv: iv.low <= truth <= iv.high)(interval(row)) for row in data]
-    return float(np.mean(hits))
+def coverage(interval, draw, n, truth, simulations=SIMULATIONS):
+    return stats.coverage(interval, draw, n, truth, simulations)
 
 
 def normal(rng, shape):

@@ -147,6 +147,14 @@ def seeds_needed(sd: float, margin: float, level: float = LEVEL, limit: int = 10
     return low
 
 
+def coverage(interval, draw, n: int, truth: float, simulations: int = 4000, seed: int = 0) -> float:
+    """The share of ``simulations`` simulated sweeps of ``n`` paired differences (``draw(rng, shape)``) whose
+    ``interval(diffs) -> Interval`` contains ``truth``: how often the interval really covers (tests/test_stats.py,
+    scripts/interval_coverage.py)."""
+    data = draw(np.random.default_rng(seed), (simulations, n))  # (D, n)
+    return float(np.mean([(lambda iv: iv.low <= truth <= iv.high)(interval(row)) for row in data]))
+
+
 def holm(p_values: Mapping[str, float]) -> dict[str, float]:
     """Holm's (1979) step-down adjusted p-values of one family: the k-th smallest is multiplied by
     ``(m - k + 1)``, made monotone, capped at 1. A claim stands at family-wise level alpha when its adjusted p is
