@@ -150,7 +150,9 @@ def test_registration_round_trip_and_margins_changed_after_the_run(tmp_path):
     registered = json.loads(json.dumps({"experiment_sha256": stats_sha(exp_file), "seeds": [10, 11, 12],
                                         "overrides": {}, "design": before.record()}))
     assert registered_design(registered, None) == before
-    assert registration_notes(before, registered, str(exp_file), [10, 11, 12]) == []
+    (registered_line,) = registration_notes(before, registered, str(exp_file), [10, 11, 12])
+    assert registered_line.startswith(f"Registered when the sweep started (sweep.json): experiment sha256 "
+                                      f"{stats_sha(exp_file)[:12]}, seeds 10, 11, 12")
     after = _design(0.01, a=dataclasses.replace(UP, margin=0.05), b=SAME)
     exp_file.write_text("# an experiment, margins widened after seeing the data\n")
     notes = " ".join(registration_notes(after, registered, str(exp_file), [10, 11, 12]))

@@ -229,7 +229,11 @@ def registration_notes(design: Design | None, registered: Mapping[str, Any] | No
     if not registered or registered.get("design") is None:
         return ["This sweep recorded no design when it started (an older sweep, or an experiment without one): the "
                 "verdicts are not pre-registered."]
-    notes = []
+    budget = ", ".join(f"{k}={v}" for k, v in sorted(registered.get("overrides", {}).items()) if k.startswith("train."))
+    seeds_text = ", ".join(map(str, registered.get("seeds", [])))
+    notes = [f"Registered when the sweep started (sweep.json): experiment sha256 "
+             f"{registered.get('experiment_sha256', '?')[:12]}, seeds {seeds_text}"
+             + (f", budget {budget}" if budget else "") + "."]
     if os.path.exists(experiment_path) and file_sha256(experiment_path) != registered.get("experiment_sha256"):
         notes.append(f"The experiment file changed after the run started (sha256 {registered['experiment_sha256'][:12]}"
                      f" -> {file_sha256(experiment_path)[:12]}).")
