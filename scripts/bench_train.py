@@ -47,11 +47,11 @@ from flax import nnx
 from attn_lab.cli import DEFINE_integer_list, main_args, parse_flags
 from attn_lab.io import write_json_atomic, write_text_atomic
 from attn_lab.markdown import markdown_table
-from attn_lab.models import Seq2Seq, build_model, count_params
+from attn_lab.models import Seq2Seq, build_model, count_params, supports_cached_decoding
 from attn_lab.models.transformer import EOS
 from attn_lab.sweep.spec import load_config_file
 from attn_lab.train.config import base_config
-from attn_lab.train.decode import compile_decode, supports_cached_decoding
+from attn_lab.train.decode import compile_decode
 from attn_lab.train.seeds import stack, stack_batches
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
 from attn_lab.train.trainer import Run, _train_loop  # the trainer's own loop, timed as a run uses it
@@ -149,7 +149,7 @@ def random_batch(args: types.SimpleNamespace, seed: int) -> dict:
 
 def bench_model(args: types.SimpleNamespace) -> dict:
     c = model_config(args)
-    model = build_model(c.model, kind=Seq2Seq.KIND, vocab_size=args.vocab, max_len=args.length + 1)
+    model = build_model(c.model, kind=Seq2Seq.TASK_KINDS[0], vocab_size=args.vocab, max_len=args.length + 1)
     graphdef, params, _ = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(c.train)
     state = stack([init_state(nnx.to_pure_dict(params), model_state(model), tx, 0)])
@@ -268,7 +268,7 @@ def decode_model(args: types.SimpleNamespace, vocab: int, max_len: int) -> tuple
     c = base_config()
     c.model.update(num_layers=args.layers, d_model=args.d_model, mlp_dim=4 * args.d_model, num_heads=args.heads,
                    dtype=args.dtype, dropout=0.0, tie_embeddings=False)
-    model = build_model(c.model, kind=Seq2Seq.KIND, vocab_size=vocab, max_len=max_len + 1)
+    model = build_model(c.model, kind=Seq2Seq.TASK_KINDS[0], vocab_size=vocab, max_len=max_len + 1)
     assert supports_cached_decoding(model)
     graphdef, params, _ = nnx.split(model, nnx.Param, ...)
     params = nnx.to_pure_dict(params)

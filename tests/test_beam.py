@@ -26,11 +26,11 @@ import optax
 import pytest
 from flax import nnx
 
-from attn_lab.models import build_model
+from attn_lab.models import build_model, supports_cached_decoding
 from attn_lab.models.transformer import EOS, PAD
 from attn_lab.train.beam import beam_search, beam_search_uncached
 from attn_lab.train.config import base_config, validate_config
-from attn_lab.train.decode import compile_decode, greedy_decode, greedy_decode_uncached, supports_cached_decoding
+from attn_lab.train.decode import compile_decode, greedy_decode, greedy_decode_uncached
 from attn_lab.train.metrics import translation_scores
 from attn_lab.train.restore import load_finished_run
 from attn_lab.train.seeds import stack

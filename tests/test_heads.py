@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from attn_lab.analysis import importance
-from attn_lab.models import build_model
+from attn_lab.models import build_model, mask_shapes
 from attn_lab.train import diagnostics
 from attn_lab.train.config import base_config
 from attn_lab.train.steps import init_state, make_optimizer, model_state
@@ -41,7 +41,7 @@ def _tiny_state(zero_head=None):
 
 def test_importance_equals_finite_differences():
     model, graphdef, state, batch = _tiny_state()
-    shapes = importance.mask_shapes(model)
+    shapes = mask_shapes(model)
     assert shapes == {"encoder_self": (1, 2), "decoder_self": (1, 2), "cross": (1, 2)}
     scores, sums = importance.compile_analysis(graphdef)
     got = importance.head_importance(state, [batch], shapes, sums)
@@ -60,7 +60,7 @@ def test_importance_equals_finite_differences():
 
 def test_masking_a_zero_importance_head_changes_nothing():
     model, graphdef, state, batch = _tiny_state(zero_head=1)
-    shapes = importance.mask_shapes(model)
+    shapes = mask_shapes(model)
     scores, sums = importance.compile_analysis(graphdef)
     imp = importance.head_importance(state, [batch], shapes, sums)
     assert imp["encoder_self"][0, 1] == 0.0 and imp["encoder_self"][0, 0] > 0
@@ -73,9 +73,9 @@ def test_masking_a_zero_importance_head_changes_nothing():
 
 def test_head_gradient_norms_are_the_query_and_output_slices_of_the_gradient():
     model, graphdef, state, batch = _tiny_state()
-    shapes = importance.mask_shapes(model)
+    shapes = mask_shapes(model)
     grads_fn = importance.compile_gradients(graphdef)
-    norms = importance.head_gradient_norms(state, [batch], shapes, grads_fn)
+    norms = importance.head_gradient_norms(state, [batch], model.sites(), grads_fn)
     g = grads_fn(state, batch)["decoder"]["blocks"][0]["cross_attn"]
     expect = np.sqrt((np.asarray(g["query"]["kernel"][:, 1]) ** 2).sum()
                      + (np.asarray(g["out"]["kernel"][1]) ** 2).sum())
@@ -87,7 +87,7 @@ def test_pruning_removes_the_zero_importance_head_first_and_keeps_one_head():
     from attn_lab.analysis.pruning import pruning_curve
 
     model, graphdef, state, batch = _tiny_state(zero_head=1)
-    shapes = importance.mask_shapes(model)
+    shapes = mask_shapes(model)
     scores, sums = importance.compile_analysis(graphdef)
     score = importance.accuracy_scorer([batch], scores)
     for rescore in (False, True):

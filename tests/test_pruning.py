@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from attn_lab.analysis import importance
 from attn_lab.analysis.structural import heads_left, prune_model
 from attn_lab.attention import MultiHeadAttention
-from attn_lab.models import Ctx, build_model
+from attn_lab.models import Ctx, build_model, mask_shapes
 from attn_lab.train.config import base_config, validate_config
 from attn_lab.train.restore import load_finished_run
 from attn_lab.train.trainer import Run, train_and_evaluate
@@ -65,7 +64,7 @@ def test_gates_at_one_equal_the_ungated_model_in_training_and_at_test():
     plain = build_model(c.model, kind="translation", vocab_size=12, max_len=9, seed=0)
     c.heads.gates.update(enabled=True, init=30.0)  # log_alpha = 30: every gate is 1, sampled or binarized
     gated = build_model(c.model, kind="translation", vocab_size=12, max_len=9, seed=0, gates=c.heads.gates)
-    assert set(importance.mask_shapes(gated)) == set(gated.gates.kinds)
+    assert set(mask_shapes(gated)) == set(gated.gates.kinds)
     nnx.update(gated, nnx.state(plain, nnx.Param))  # same weights (the gates are extra)
     np.testing.assert_allclose(gated(INPUTS, TARGETS, Ctx()), plain(INPUTS, TARGETS, Ctx()), atol=1e-6)
     train = lambda m: m(INPUTS, TARGETS, Ctx(deterministic=False, rngs=nnx.Rngs(dropout=3)))

@@ -213,7 +213,8 @@ def diagnose_step(a: Any) -> None:
     layers = {name: a.diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"], c.get("valid_queries"))
               for name, c in captured.items()}
     grads = a.importance.compile_gradients(a.run.graphdef)
-    for kind, grid in a.importance.head_gradient_norms(a.run.state, a.batches, a.shapes, grads).items():
+    sites = a.merge(a.run.graphdef, a.run.state).sites()
+    for kind, grid in a.importance.head_gradient_norms(a.run.state, a.batches, sites, grads).items():
         for layer, row in enumerate(grid):
             layers[f"{kind}/{layer}"]["gradient_norm"] = row.tolist()
     learned = a.learned.per_head(a.merge(a.run.graphdef, a.run.state))  # spans / alphas of kernels that learn them
@@ -256,6 +257,7 @@ def main(argv: list[str]) -> int:
     from attn_lab.analysis import derived, importance, plots, pruning, structural
     from attn_lab.analysis.run import capture_maps, finished_results
     from attn_lab.io import write_json_atomic
+    from attn_lab.models import mask_shapes
     from attn_lab.train import diagnostics, learned
     from attn_lab.train.logging import METRICS_FILE, MetricLogger
     from attn_lab.train.restore import load_finished_run
@@ -280,7 +282,7 @@ def main(argv: list[str]) -> int:
              else run.decode_scorer(batches, args.split, args.metric))
     a = types.SimpleNamespace(
         args=args, run=run, out_dir=out_dir, logger=logger, batches=batches, score=score,
-        shapes=importance.mask_shapes(merge(run.graphdef, run.state)), importance_sums=importance_sums,
+        shapes=mask_shapes(merge(run.graphdef, run.state)), importance_sums=importance_sums,
         importance=importance, pruning=pruning, diagnostics=diagnostics, structural=structural, derived=derived,
         plots=plots, capture_maps=capture_maps, learned=learned, merge=merge, load_finished_run=load_finished_run,
         finished_results=finished_results,

@@ -15,16 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn_lab.models import Ctx
+from attn_lab.models import Ctx, resolve
 from attn_lab.train import losses
-from attn_lab.train.diversity import attention_layers
 from attn_lab.train.steps import merge
-
-
-def mask_shapes(model: Any) -> dict[str, tuple[int, int]]:
-    """Attention kind -> (layers, heads) of a Seq2Seq or Classifier."""
-    layers = attention_layers(model)
-    return {kind: (sum(k == kind for k, _, _ in layers), attn.num_heads) for kind, _, attn in layers}
 
 
 def ones(shapes: dict[str, tuple[int, int]], batch: int) -> dict[str, jax.Array]:
@@ -197,27 +190,20 @@ def compile_gradients(graphdef: Any) -> Callable:
     return jax.jit(grads)
 
 
-ATTENTION_PARAMS = {"encoder_self": ("encoder", "self_attn"), "decoder_self": ("decoder", "self_attn"),
-                    "cross": ("decoder", "cross_attn")}
-
-
-def head_gradient_norms(state: dict, batches: Iterable[dict], shapes: dict[str, tuple[int, int]],
-                        grads_fn: Callable) -> dict[str, np.ndarray]:
+def head_gradient_norms(state: dict, batches: Iterable[dict], sites: list, grads_fn: Callable
+                        ) -> dict[str, np.ndarray]:
     """Per head ``[L, N]``: l2 norm of the split's mean gradient on the head's own parameters -- its query slice
-    ``[d, h, H]`` and output-projection slice ``[h, H, d]`` (keys and values may be shared by grouped heads)."""
+    ``[d, h, H]`` and output-projection slice ``[h, H, d]`` (keys and values may be shared by grouped heads).
+    ``sites``: the model's attention sites, whose paths lead to each attention's parameters in the gradient."""
     total, count = None, 0
     for batch in batches:
         g = jax.tree.map(np.asarray, grads_fn(state, batch))
         total = g if total is None else jax.tree.map(np.add, total, g)
         count += 1
-    out = {}
-    for kind, (layers, _) in shapes.items():
-        stack, attn = ATTENTION_PARAMS[kind]
-        rows = []
-        for layer in range(layers):
-            p = total[stack]["blocks"][layer][attn]
-            q = (p["query"]["kernel"] ** 2).sum((0, 2))  # (N,)
-            o = (p["out"]["kernel"] ** 2).sum((1, 2))  # (N,)
-            rows.append(np.sqrt(q + o) / max(count, 1))
-        out[kind] = np.stack(rows)
-    return out
+    rows: dict[str, list[np.ndarray]] = {}
+    for site in sites:
+        p = resolve(total, site.path)
+        q = (p["query"]["kernel"] ** 2).sum((0, 2))  # (N,)
+        o = (p["out"]["kernel"] ** 2).sum((1, 2))  # (N,)
+        rows.setdefault(site.kind, []).append(np.sqrt(q + o) / max(count, 1))
+    return {kind: np.stack(r) for kind, r in rows.items()}

@@ -16,39 +16,35 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attn_lab.models import Ctx, attention_layers, count_params
+from attn_lab.models import Ctx, attention_layers, count_params, resolve, set_module
 from attn_lab.train.steps import merge
 
 
 def prune_model(model: nnx.Module, masks: dict[str, np.ndarray]) -> nnx.Module:
-    """A copy of a Seq2Seq or Classifier without the heads where ``masks[kind][layer, head] == 0``.
+    """A copy of ``model`` without the heads where ``masks[kind][layer, head] == 0``, site by site.
 
     A layer whose heads are all pruned keeps one head with a zero output projection, so the sublayer adds only its
-    output bias -- exactly what the fully masked layer computes. Static config head masks are folded in (kept
-    heads keep their static value).
+    output bias -- exactly what the fully masked layer computes. Static config head masks (held by the stack the
+    site names) are folded in (kept heads keep their static value).
     """
     pruned = nnx.clone(model)
-    for kind, layer, attn in attention_layers(pruned):
-        row = np.asarray(masks[kind][layer]) if kind in masks else np.ones(attn.num_heads)
+    for site in pruned.sites():
+        attn = resolve(pruned, site.path)
+        row = np.asarray(masks[site.kind][site.layer]) if site.kind in masks else np.ones(attn.num_heads)
         if set(np.unique(row)) - {0.0, 1.0}:
-            raise ValueError(f"prune_model: masks[{kind!r}][{layer}] must be 0/1, got {row.tolist()}")
+            raise ValueError(f"prune_model: masks[{site.kind!r}][{site.layer}] must be 0/1, got {row.tolist()}")
         keep = np.flatnonzero(row).tolist() or [0]
         small = attn.keep_heads(keep)
         if not row.any():
             small.out.kernel[...] = small.out.kernel[...] * 0.0  # (1, H, d): the layer adds only its bias
-        stack, block = _owner(pruned, kind, layer)
-        setattr(block, "cross_attn" if kind == "cross" else "self_attn", small)
-        static = stack.static_masks.get(kind)
+        set_module(pruned, site.path, small)
+        stack = resolve(pruned, site.stack)
+        static = stack.static_masks.get(site.kind)
         if static is not None:
             rows = list(static)
-            rows[layer] = tuple(static[layer][h] for h in keep)
-            stack.static_masks = {**stack.static_masks, kind: tuple(rows)}
+            rows[site.layer] = tuple(static[site.layer][h] for h in keep)
+            stack.static_masks = {**stack.static_masks, site.kind: tuple(rows)}
     return pruned
-
-
-def _owner(model: nnx.Module, kind: str, layer: int) -> tuple[nnx.Module, nnx.Module]:
-    stack = model.encoder if kind == "encoder_self" else model.decoder
-    return stack, stack.blocks[layer]
 
 
 def heads_left(model: nnx.Module) -> dict[str, list[int]]:
@@ -73,7 +69,7 @@ def compare_speed(fns: dict[str, Callable[[], Any]], repeats: int = 20, rounds: 
 
 
 def compile_forward(model: nnx.Module) -> Callable:
-    """Jitted ``(batch, head_masks=None) -> logits`` of a Seq2Seq (teacher-forced) or Classifier at test time."""
+    """Jitted ``(batch, head_masks=None) -> logits`` of a model's ``forward_batch`` at test time."""
     graphdef, state = nnx.split(model)
 
     def forward(state, batch, head_masks):

@@ -42,13 +42,8 @@ from attn_lab.attention.module import MultiHeadAttention
 CUDNN_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 MASK_KINDS = ("none", "key_padding", "general")
 
-# How the models call each attention kind (attn_lab/models/transformer.py: key-padding masks only, see its
-# key_padding_note; the decoder's self-attention is causal and unmasked). describe_dispatch reads this table.
-KIND_CALLS: dict[str, dict[str, Any]] = {
-    "encoder_self": {"mask": "key_padding", "is_causal": False},
-    "decoder_self": {"mask": "none", "is_causal": True},
-    "cross": {"mask": "key_padding", "is_causal": False},
-}
+# How a model calls an attention kind when it does not say (a module outside any registered model): key padding.
+DEFAULT_CALL = {"mask": "key_padding", "is_causal": False}
 
 
 def mask_kind(mask: jax.Array | None) -> str:
@@ -191,30 +186,27 @@ def cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, key_v
     return jnp.where((lengths == 0)[:, None, None, None], mean, out)  # (B, T, N, H)
 
 
-def _attention_modules(model: nnx.Module) -> list[tuple[str, Any]]:
-    """``(kind, MultiHeadAttention)`` pairs: blocks name their kinds (``self_kind``, plus 'cross' for
-    ``cross_attn``); a model without such blocks reports each attention module under its path."""
-    found = []
-    for _, node in nnx.iter_graph(model):
-        if hasattr(node, "self_kind") and hasattr(node, "self_attn"):
-            found.append((node.self_kind, node.self_attn))
-            if getattr(node, "cross_attn", None) is not None:
-                found.append(("cross", node.cross_attn))
-    if found:
-        return found
-    return [(".".join(map(str, path)) or "attention", node) for path, node in nnx.iter_graph(model)
+def _attention_modules(model: nnx.Module) -> list[tuple[str, Any, dict[str, Any]]]:
+    """``(kind, MultiHeadAttention, how it is called)`` for a registered model's attention sites (its ``ATTENTION``
+    declares each kind's mask and causality); any other module reports each attention under its path."""
+    if hasattr(model, "sites"):
+        from attn_lab.models import attention_layers  # models build on attention: imported when used
+
+        specs = type(model).ATTENTION
+        return [(kind, attn, {"mask": specs[kind].mask, "is_causal": specs[kind].causal})
+                for kind, _, attn in attention_layers(model)]
+    return [(".".join(map(str, path)) or "attention", node, DEFAULT_CALL) for path, node in nnx.iter_graph(model)
             if isinstance(node, MultiHeadAttention)]
 
 
-def _kind_label(kind: str, attn: Any, backend: str, max_head_dim: int) -> str:
+def _kind_label(attn: Any, call: dict[str, Any], backend: str, max_head_dim: int) -> str:
     """``'dense/cudnn'``, ``'local/blockwise'``, ``'dense/explicit(train)+xla(eval)'`` or a kernel's bare name."""
     kernel = attn.kernel
     dispatch = getattr(kernel, "dispatch", None)
     if dispatch is None:
         return kernel.name
     dtype = attn.dtype if attn.dtype is not None else attn.param_dtype
-    facts = dict(backend=backend, dtype=dtype, max_head_dim=max_head_dim,
-                 **KIND_CALLS.get(kind, {"mask": "key_padding", "is_causal": False}))
+    facts = dict(backend=backend, dtype=dtype, max_head_dim=max_head_dim, **call)
     try:
         evaluation = dispatch(**facts)
     except ValueError as e:  # an explicit 'cudnn' this call would refuse
@@ -228,9 +220,10 @@ def describe_dispatch(model: nnx.Module, *, backend: str | None = None) -> str:
     """One line saying which implementation each attention kind of ``model`` gets, e.g.
     ``'attention: encoder_self=dense/cudnn, decoder_self=dense/cudnn, cross=dense/cudnn (backend gpu)'``.
 
-    Decided from each module's kernel options, dtype, head_dim, attention dropout and how the models call that kind
-    (``KIND_CALLS``), exactly as the kernels decide at trace time. Capture (``sow_weights``) always takes the
-    explicit softmax and is not listed. Layers of one kind that differ are joined with '|'.
+    Decided from each module's kernel options, dtype, head_dim, attention dropout and how the model calls that kind
+    (its ``ATTENTION`` declaration, :mod:`attn_lab.models.sites`), exactly as the kernels decide at trace time.
+    Capture (``sow_weights``) always takes the explicit softmax and is not listed. Layers of one kind that differ
+    are joined with '|'.
 
     Args:
       model: a built model (or any module holding ``MultiHeadAttention`` modules).
@@ -239,10 +232,9 @@ def describe_dispatch(model: nnx.Module, *, backend: str | None = None) -> str:
     backend = backend or current_backend()
     max_head_dim = cudnn_head_dim_limit() if backend == "gpu" and current_backend() == "gpu" else 128
     labels: dict[str, list[str]] = {}
-    for kind, attn in _attention_modules(model):
-        label = _kind_label(kind, attn, backend, max_head_dim)
+    for kind, attn, call in _attention_modules(model):
+        label = _kind_label(attn, call, backend, max_head_dim)
         if label not in labels.setdefault(kind, []):
             labels[kind].append(label)
-    order = sorted(labels, key=lambda k: list(KIND_CALLS).index(k) if k in KIND_CALLS else len(KIND_CALLS))
-    body = ", ".join(f"{kind}={'|'.join(labels[kind])}" for kind in order) or "none"
+    body = ", ".join(f"{kind}={'|'.join(found)}" for kind, found in labels.items()) or "none"  # in site order
     return f"attention: {body} (backend {backend})"

@@ -1,13 +1,11 @@
-"""Transformer encoder-decoder (translation) and encoder classifier, built from one shared block.
+"""The one shared Transformer block and what every model kind builds from it: the stack of blocks, the MLP, the
+per-kind attention from config, position tables, head masks and L0 gates.
 
-Each model class carries what its task kind changes (:data:`MODELS` maps a kind to its class): which attention
-kinds it has, whether it generates text, and the logits, labels and loss weights of a batch
-(``forward_batch``). The train and eval steps, head analysis and capture call that one method, so no module outside
-this one branches on the task kind.
-
-Every attention in the models is :class:`attn_lab.attention.MultiHeadAttention`; the three attention *kinds*
-(``encoder_self``, ``decoder_self``, ``cross``) each take their kernel, ``num_kv_heads`` and head mask from config,
-so a head-count, kernel or pruning ablation is a config override, never a copied model.
+The model kinds themselves are one file each (``seq2seq.py``, ``classifier.py``, ``lm.py``), registered by name
+and declaring their attention sites (:mod:`attn_lab.models.sites`). Every attention in them is
+:class:`attn_lab.attention.MultiHeadAttention`; each attention *kind* (``encoder_self``, ``decoder_self``,
+``cross``) takes its kernel, ``num_kv_heads`` and head mask from config, so a head-count, kernel or pruning
+ablation is a config override, never a copied model.
 """
 
 from __future__ import annotations
@@ -27,9 +25,6 @@ from attn_lab.models.gates import HeadGates
 
 KINDS = ("encoder_self", "decoder_self", "cross")
 
-# key_padding_note: the models mask padded *keys* only ([B, 1, 1, S]), never padded queries. A padded query's output
-# is never read (not as a key, not by pooling, not by the loss), and a key-only mask is what efficient kernels
-# (local, kernelized, low-rank) can apply without forming a [T, S] matrix.
 PAD, BOS, EOS = PAD_ID, BOS_ID, EOS_ID  # the tokenizers' reserved ids
 
 
@@ -71,12 +66,18 @@ def _mask_value(text: str) -> float | None:
     return value if 0.0 <= value <= 1.0 else None
 
 
+def attention_spec(cfg: Any, kind: str) -> dict:
+    """The kernel spec (``{'name': ..., '<kernel>': {options}}``) attention ``kind`` is built with: the model-level
+    ``model.attention`` with the kind's own kernel name when ``model.kinds.<kind>.attention`` sets one."""
+    attention = cfg.attention.to_dict() if hasattr(cfg.attention, "to_dict") else dict(cfg.attention)
+    if cfg.kinds[kind].attention is not None:
+        attention["name"] = cfg.kinds[kind].attention
+    return attention
+
+
 def make_attention(cfg: Any, kind: str, *, rngs: nnx.Rngs) -> MultiHeadAttention:
     """One attention layer of ``kind`` from the model config (kind-level overrides win over model-level values)."""
-    over = cfg.kinds[kind]
-    attention = cfg.attention.to_dict() if hasattr(cfg.attention, "to_dict") else dict(cfg.attention)
-    if over.attention is not None:
-        attention["name"] = over.attention
+    over, attention = cfg.kinds[kind], attention_spec(cfg, kind)
     return MultiHeadAttention(
         cfg.num_heads, cfg.d_model, num_kv_heads=over.num_kv_heads or cfg.num_kv_heads, head_dim=cfg.head_dim,
         attention=attention, dropout_rate=cfg.attention_dropout, use_query_bias=cfg.use_query_bias, dtype=dtype(cfg),
@@ -198,161 +199,25 @@ def gated(gates: HeadGates | None, head_masks: dict | None, kinds: tuple[str, ..
     return out
 
 
-def _embed(vocab_size: int, d_model: int, rngs: nnx.Rngs, dtype: Any = None) -> nnx.Embed:
+def embedding(vocab_size: int, d_model: int, rngs: nnx.Rngs, dtype: Any = None) -> nnx.Embed:
+    """A token embedding, N(0, 1) initialized (its tied read-out divides logits by sqrt(d), see
+    :func:`output_logits`)."""
     return nnx.Embed(vocab_size, d_model, embedding_init=nnx.initializers.normal(1.0), rngs=rngs, dtype=dtype)
 
 
-class Seq2Seq(nnx.Module):
-    """Encoder-decoder for translation. Token id 0 is padding, 1 is BOS (the decoder's first input)."""
-
-    KIND = "translation"
-    ATTENTION_KINDS = KINDS
-    GENERATES = True  # greedy-decodes text, scored by BLEU and exact match
-
-    def __init__(self, cfg: Any, *, vocab_size: int, max_len: int, rngs: nnx.Rngs, gates: Any = None,
-                 num_classes: int | None = None):
-        """``num_classes`` is ignored (the outputs are the vocabulary): every model class takes the same arguments,
-        so :func:`build_model` needs no branch."""
-        src_embed = _embed(vocab_size, cfg.d_model, rngs, dtype(cfg))
-        tgt_embed = src_embed if cfg.tie_embeddings else _embed(vocab_size, cfg.d_model, rngs, dtype(cfg))
-        self.encoder = Stack(cfg, src_embed, max_len, self_kind="encoder_self", cross=False,
-                             num_layers=cfg.num_layers, rngs=rngs)
-        self.decoder = Stack(cfg, tgt_embed, max_len, self_kind="decoder_self", cross=True,
-                             num_layers=cfg.num_decoder_layers or cfg.num_layers, rngs=rngs)
-        self.logits_proj = (nnx.data(None) if cfg.tie_embeddings
-                            else nnx.Linear(cfg.d_model, vocab_size, rngs=rngs, dtype=dtype(cfg)))
-        dec = (len(self.decoder.blocks), cfg.num_heads)
-        self.gates = make_gates(gates, {"encoder_self": (cfg.num_layers, cfg.num_heads), "decoder_self": dec,
-                                        "cross": dec})
-
-    def encode(self, inputs: jax.Array, ctx: Ctx = Ctx(), head_masks: dict | None = None) -> jax.Array:
-        """``inputs [B, S]`` token ids -> memory ``[B, S, d_model]``."""
-        mask = (inputs != PAD)[:, None, None, :]  # (B, 1, 1, S): key padding only, see key_padding_note
-        head_masks = gated(self.gates, head_masks, ("encoder_self",), ctx, inputs.shape[0])
-        return self.encoder(self.encoder.embed(inputs), ctx, self_mask=mask, is_causal=False, head_masks=head_masks)
-
-    def decode(self, decoder_inputs: jax.Array, memory: jax.Array, inputs: jax.Array, ctx: Ctx = Ctx(), *,
-               start=0, head_masks: dict | None = None) -> jax.Array:
-        """``decoder_inputs [B, T]`` (BOS-shifted targets) -> logits ``[B, T, vocab]``."""
-        cross_mask = (inputs != PAD)[:, None, None, :]  # (B, 1, 1, S)
-        head_masks = gated(self.gates, head_masks, ("decoder_self", "cross"), ctx, inputs.shape[0])
-        y = self.decoder(self.decoder.embed(decoder_inputs), ctx, start=start, self_mask=None, is_causal=True,
-                         memory=memory, cross_mask=cross_mask, head_masks=head_masks)
-        if self.logits_proj is None:
-            return self.decoder.embed.attend(y) / jnp.sqrt(y.shape[-1]).astype(y.dtype)  # (B, T, V)
-        return self.logits_proj(y)  # (B, T, V)
-
-    def __call__(self, inputs: jax.Array, targets: jax.Array, ctx: Ctx = Ctx(),
-                 head_masks: dict | None = None) -> jax.Array:
-        """Teacher-forced logits ``[B, T, vocab]`` for ``targets [B, T]`` given ``inputs [B, S]``."""
-        decoder_inputs = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=BOS)[:, :-1]  # (B, T)
-        memory = self.encode(inputs, ctx, head_masks)
-        return self.decode(decoder_inputs, memory, inputs, ctx, head_masks=head_masks)
-
-    def forward_batch(self, batch: dict, ctx: Ctx = Ctx(),
-                      head_masks: dict | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Teacher-forced logits ``[B, T, V]``, labels ``[B, T]`` and weights ``[B, T]`` (0 on padded targets)."""
-        logits = self(batch["inputs"], batch["targets"], ctx, head_masks)  # (B, T, V)
-        return logits, batch["targets"], (batch["targets"] != PAD).astype(jnp.float32)
-
-    def attention_rows(self, batch: dict) -> dict[str, tuple[jax.Array, jax.Array]]:
-        """Per attention kind, which query rows are real ``[B, T]`` and which keys each row may see ``[B, T, S]``
-        (padding and, in the causal decoder, the future excluded): what statistics of captured maps average over.
-        The decoder's queries are its BOS-shifted inputs; row t is real when target t is (it is scored)."""
-        src, tgt = batch["inputs"] != PAD, batch["targets"] != PAD  # (B, S), (B, T)
-        t = tgt.shape[1]
-        dec_keys = jnp.pad(tgt, ((0, 0), (1, 0)), constant_values=True)[:, :-1]  # (B, T): BOS, then targets
-        causal = dec_keys[:, None, :] & jnp.tril(jnp.ones((t, t), bool))  # (B, T, T)
-        return {"encoder_self": (src, jnp.broadcast_to(src[:, None, :], (*src.shape, src.shape[1]))),
-                "decoder_self": (tgt, causal),
-                "cross": (tgt, jnp.broadcast_to(src[:, None, :], (*tgt.shape, src.shape[1])))}
-
-    def init_cache(self, batch_size: int, max_len: int) -> None:
-        """Preallocates every decoder self-attention's KV cache for greedy decoding."""
-        for block in self.decoder.blocks:
-            block.self_attn.init_cache((batch_size, max_len, self.decoder.d_model),
-                                       dtype=block.self_attn.dtype or jnp.float32)
+def output_logits(embed: nnx.Embed, proj: nnx.Linear | None, y: jax.Array) -> jax.Array:
+    """``y [B, T, d]`` -> logits ``[B, T, V]``: the tied embedding's read-out scaled by 1/sqrt(d) (the embedding is
+    N(0, 1)), or the separate projection ``proj``."""
+    if proj is None:
+        return embed.attend(y) / jnp.sqrt(y.shape[-1]).astype(y.dtype)
+    return proj(y)
 
 
-class Classifier(nnx.Module):
-    """Encoder + mean or CLS pooling + linear head (Long Range Arena style)."""
-
-    KIND = "classification"
-    ATTENTION_KINDS = ("encoder_self",)
-    GENERATES = False  # scored by accuracy only
-
-    def __init__(self, cfg: Any, *, vocab_size: int, max_len: int, num_classes: int, rngs: nnx.Rngs,
-                 gates: Any = None):
-        self.pooling = cfg.pooling
-        self.cls = (nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (1, 1, cfg.d_model)))
-                    if cfg.pooling == "cls" else nnx.data(None))
-        self.encoder = Stack(cfg, _embed(vocab_size, cfg.d_model, rngs, dtype(cfg)), max_len + 1,
-                             self_kind="encoder_self",
-                             cross=False, num_layers=cfg.num_layers, rngs=rngs)
-        self.head = nnx.Linear(cfg.d_model, num_classes, rngs=rngs, dtype=dtype(cfg))
-        self.gates = make_gates(gates, {"encoder_self": (cfg.num_layers, cfg.num_heads)})
-
-    def __call__(self, inputs: jax.Array, ctx: Ctx = Ctx(), head_masks: dict | None = None) -> jax.Array:
-        """``inputs [B, L]`` token ids -> class logits ``[B, num_classes]``."""
-        x = self.encoder.embed(inputs)  # (B, L, d)
-        valid = inputs != PAD  # (B, L)
-        if self.cls is not None:
-            cls = jnp.broadcast_to(self.cls[...], (x.shape[0], 1, x.shape[-1])).astype(x.dtype)  # (B, 1, d)
-            x = jnp.concatenate([cls, x], axis=1)
-            valid = jnp.pad(valid, ((0, 0), (1, 0)), constant_values=True)  # (B, L + 1)
-        mask = valid[:, None, None, :]  # (B, 1, 1, L)
-        head_masks = gated(self.gates, head_masks, ("encoder_self",), ctx, inputs.shape[0])
-        h = self.encoder(x, ctx, self_mask=mask, is_causal=False, head_masks=head_masks)
-        if self.cls is not None:
-            pooled = h[:, 0]  # (B, d)
-        else:
-            w = valid[..., None].astype(h.dtype)
-            pooled = (h * w).sum(1) / jnp.maximum(w.sum(1), 1.0)  # (B, d)
-        return self.head(pooled)
-
-    def attention_rows(self, batch: dict) -> dict[str, tuple[jax.Array, jax.Array]]:
-        """``{'encoder_self': (real query rows [B, T], visible keys [B, T, T])}``; T counts the CLS token in front
-        (always real) when pooling is 'cls'."""
-        valid = batch["inputs"] != PAD  # (B, L)
-        if self.cls is not None:
-            valid = jnp.pad(valid, ((0, 0), (1, 0)), constant_values=True)  # (B, L + 1)
-        return {"encoder_self": (valid, jnp.broadcast_to(valid[:, None, :], (*valid.shape, valid.shape[1])))}
-
-    def forward_batch(self, batch: dict, ctx: Ctx = Ctx(),
-                      head_masks: dict | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Class logits ``[B, C]``, labels ``[B]`` and weights ``[B]`` (0 on the fill rows of a last batch)."""
-        return self(batch["inputs"], ctx, head_masks), batch["targets"], batch["mask"].astype(jnp.float32)
-
-
-MODELS = {cls.KIND: cls for cls in (Seq2Seq, Classifier)}
-
-
-def model_class(kind: str) -> type[Seq2Seq] | type[Classifier]:
-    """The model class of a task kind (what it has and does, before any model is built)."""
-    if kind not in MODELS:
-        raise ValueError(f"task kind {kind!r} has no model; known kinds: {', '.join(MODELS)}")
-    return MODELS[kind]
-
-
-def build_model(cfg: Any, *, kind: str, vocab_size: int, max_len: int, num_classes: int | None = None,
-                seed: int = 0, gates: Any = None) -> Seq2Seq | Classifier:
-    """The model for a task ``kind`` (a key of :data:`MODELS`) from ``config.model``; ``gates``:
-    ``config.heads.gates`` (L0 head gates when enabled)."""
-    return model_class(kind)(cfg, vocab_size=vocab_size, max_len=max_len, num_classes=num_classes,
-                             rngs=nnx.Rngs(params=seed), gates=gates)
-
-
-def attention_layers(model: nnx.Module) -> list[tuple[str, int, nnx.Module]]:
-    """(kind, layer, attention module) for every attention of a Seq2Seq or Classifier, in order."""
-    out = []
-    for stack in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
-        if stack is None:
-            continue
-        for layer, block in enumerate(stack.blocks):
-            out.append((block.self_kind, layer, block.self_attn))
-            if block.cross_attn is not None:
-                out.append(("cross", layer, block.cross_attn))
-    return out
+def rows_seeing(valid_keys: jax.Array, rows: int, causal: bool = False) -> jax.Array:
+    """``valid_keys [B, S]`` -> ``[B, rows, S]``: the keys each query row may see (every valid key, or with
+    ``causal`` the valid keys at or before the row)."""
+    seen = jnp.broadcast_to(valid_keys[:, None, :], (valid_keys.shape[0], rows, valid_keys.shape[1]))
+    return seen & jnp.tril(jnp.ones((rows, valid_keys.shape[1]), bool)) if causal else seen
 
 
 def count_params(model: nnx.Module) -> int:

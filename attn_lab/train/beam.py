@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from attn_lab.models import decoding_attentions
 from attn_lab.models.transformer import BOS, EOS, PAD, Ctx
 from attn_lab.train.steps import merge
 
@@ -100,10 +101,9 @@ def _flat_parents(parent: jax.Array) -> jax.Array:
 
 
 def reorder_cache(model: nnx.Module, rows: jax.Array) -> None:
-    """Gathers every decoder self-attention's KV cache ``[B * K, S_max, K_heads, H]`` along its batch axis (the
+    """Gathers every cached attention's KV cache ``[B * K, S_max, K_heads, H]`` along its batch axis (the
     layout ``init_cache`` allocates); the write index is one scalar shared by all rows, so it stays."""
-    for block in model.decoder.blocks:
-        attn = block.self_attn
+    for attn in decoding_attentions(model):
         attn.cached_key[...] = attn.cached_key[...][rows]
         attn.cached_value[...] = attn.cached_value[...][rows]
 

@@ -26,7 +26,8 @@ from attn_lab.data import task_kind, validate_task_config
 from attn_lab.data.builders import resolve_data_dir
 from attn_lab.data.pipeline import bucket_lengths
 from attn_lab.data.tasks import is_prepared, max_train_examples, sequence_lengths
-from attn_lab.models import KINDS, model_class, parse_head_mask
+from attn_lab.models import attention_kinds, model_class, parse_head_mask
+from attn_lab.models.transformer import attention_spec
 from attn_lab.train import diversity, learned
 from attn_lab.train.logging import check_wandb_mode
 
@@ -37,7 +38,7 @@ def _kind_overrides() -> ml_collections.ConfigDict:
         "num_kv_heads": config_dict.placeholder(int),
         "head_mask": config_dict.placeholder(str),  # '1,0,1,1' every layer, or 'row;row;...' one per layer
     })
-    return ml_collections.ConfigDict({k: kind() for k in KINDS})
+    return ml_collections.ConfigDict({k: kind() for k in attention_kinds()})
 
 
 def attention_config(name: str = "dense") -> ml_collections.ConfigDict:
@@ -60,6 +61,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.compile_cache = "~/.cache/attn_lab/jax_compile"  # JAX's persistent compilation cache; '' turns it off
     c.task = ml_collections.ConfigDict({"name": "numbers", "data_dir": config_dict.placeholder(str)})
     c.model = ml_collections.ConfigDict({
+        "name": config_dict.placeholder(str),  # a registered model (attn_lab/models); unset: the task kind's default
         "num_layers": 2, "num_decoder_layers": config_dict.placeholder(int), "d_model": 128, "num_heads": 4,
         "num_kv_heads": config_dict.placeholder(int), "head_dim": config_dict.placeholder(int), "mlp_dim": 512,
         "dropout": 0.1, "attention_dropout": 0.0, "attention": attention_config(),
@@ -126,8 +128,6 @@ SCALARS: dict[str, tuple] = {
     **dict.fromkeys(("model.tie_embeddings", "model.use_query_bias", "model.use_key_bias", "model.use_value_bias",
                      "model.use_out_bias", "heads.track", "heads.gates.enabled", "parallel.shard_params",
                      "parallel.distributed"), _BOOL),
-    **{f"model.kinds.{k}.{o}": _OPTIONAL_STR for k in KINDS for o in ("attention", "head_mask")},
-    **{f"model.kinds.{k}.num_kv_heads": _OPTIONAL_POSITIVE_INT for k in KINDS},
     **dict.fromkeys(("train.num_steps", "train.batch_size", "train.log_every", "train.eval_every",
                      "train.checkpoint_every"), _POSITIVE_INT),
     "train.max_eval_batches": _OPTIONAL_POSITIVE_INT,
@@ -135,7 +135,7 @@ SCALARS: dict[str, tuple] = {
     "train.learning_rate": _POSITIVE, "train.weight_decay": _NON_NEGATIVE, "train.weight_decay_on": _STR,
     "train.grad_clip": _rule(float, "positive (the bound on the global gradient norm; 0 would stop learning)",
                              lambda v: v > 0),
-    "train.init_from": _OPTIONAL_STR,
+    "train.init_from": _OPTIONAL_STR, "model.name": _OPTIONAL_STR,
     **{f"loss.{key}.weight": _NON_NEGATIVE for key in learned.PENALTIES},
     "heads.gates.l0": _NON_NEGATIVE, "heads.gates.dual_lr": _POSITIVE, "heads.gates.lr": _POSITIVE,
     "heads.gates.init": _rule(float),
@@ -179,8 +179,15 @@ def _check_finite(node: Any, prefix: str = "") -> None:
             raise ValueError(f"{prefix}{key} must be finite, got {value!r}")
 
 
+def _kind_rules() -> dict[str, tuple]:
+    """``model.kinds.<kind>.*`` of every attention kind a registered model has (known when the config is checked,
+    so a model file registered later adds its kinds)."""
+    return {**{f"model.kinds.{k}.{o}": _OPTIONAL_STR for k in attention_kinds() for o in ("attention", "head_mask")},
+            **{f"model.kinds.{k}.num_kv_heads": _OPTIONAL_POSITIVE_INT for k in attention_kinds()}}
+
+
 def _check_scalars(config: Any, prefix: str = "") -> None:
-    for key, rule in SCALARS.items():
+    for key, rule in {**SCALARS, **_kind_rules()}.items():
         if key.startswith(prefix):
             _check_scalar(key, config[key], rule)
     for key, choices in CHOICES.items():
@@ -199,13 +206,11 @@ def check_parallel(config: Any) -> None:
         raise ValueError(f"parallel.process_id={p.process_id} must be below parallel.num_processes={p.num_processes}")
 
 
-def _key_lengths(task: Any, pooling: str) -> dict[str, int]:
-    """Per attention kind, the longest key sequence a batch can give it, from the task config alone: the task's
-    length padded up to its last bucket (plus the classifier's cls token)."""
+def _layout(task: Any, cls: type, m: Any) -> dict[str, tuple[int, int]]:
+    """Per attention kind, (layers, the longest key sequence a batch can give it), from the configs alone: the model
+    says which of the task's lengths (padded up to their last bucket) each kind sees."""
     inputs, targets = sequence_lengths(task)
-    padded = bucket_lengths(inputs)[-1]
-    return {"encoder_self": padded + (targets is None and pooling == "cls"), "cross": padded,
-            "decoder_self": bucket_lengths(targets)[-1] if targets else 0}
+    return cls.layout(m, bucket_lengths(inputs)[-1], bucket_lengths(targets)[-1] if targets else None)
 
 
 def _check_kernel_length(kernel: Any, name: str, kind: str, length: int) -> None:
@@ -217,12 +222,11 @@ def _check_kernel_length(kernel: Any, name: str, kind: str, length: int) -> None
                          f"at least {length}")
 
 
-def _build_kernel(m: Any, kind: str, kv: int) -> tuple[str, Any]:
-    """The kernel ``kind`` uses, as one tiny instance (its options are checked by its constructor)."""
-    over, spec = m.kinds[kind], m.attention.to_dict()
-    if over.attention is not None:
-        spec["name"] = over.attention
-    name, _ = validate_spec(spec, where="model.attention" if over.attention is None
+def _build_kernel(m: Any, kind: str, kv: int, call: Any) -> tuple[str, Any]:
+    """The kernel ``kind`` uses, as one tiny instance from the spec the model builds it from (its options are
+    checked by its constructor), checked against how the model calls the kind (``call``: its KindSpec)."""
+    spec = attention_spec(m, kind)
+    name, _ = validate_spec(spec, where="model.attention" if m.kinds[kind].attention is None
                             else f"model.kinds.{kind}.attention")
     try:  # compile nothing
         kernel = build_kernel(spec, num_heads=m.num_heads, num_kv_heads=kv,  # dtype: an explicit 'cudnn' needs bf16
@@ -230,14 +234,24 @@ def _build_kernel(m: Any, kind: str, kv: int) -> tuple[str, Any]:
     except (ValueError, TypeError) as e:
         raise ValueError(f"model.attention.{name}: {e}") from None
     try:
-        kernel.check(causal=kind == "decoder_self", cross=kind == "cross", dropout=m.attention_dropout > 0)
+        kernel.check(causal=call.causal, cross=call.cross, dropout=m.attention_dropout > 0)
     except ValueError as e:
         raise ValueError(f"{e} (used by {kind})") from None
     return name, kernel
 
 
-def _head_mask(m: Any, kind: str) -> tuple | None:
-    layers = m.num_layers if kind == "encoder_self" else m.num_decoder_layers or m.num_layers
+def _check_unused_kinds(m: Any, kinds: tuple[str, ...], model: str) -> None:
+    """A per-kind option set for an attention kind the model does not have would silently do nothing."""
+    for kind in m.kinds:
+        if kind in kinds:
+            continue
+        for option, value in m.kinds[kind].items():
+            if value is not None:
+                raise ValueError(f"model.kinds.{kind}.{option}={value!r}: model '{model}' has no {kind} attention "
+                                 f"(its kinds: {', '.join(kinds)})")
+
+
+def _head_mask(m: Any, kind: str, layers: int) -> tuple | None:
     try:
         return parse_head_mask(m.kinds[kind].head_mask, layers, m.num_heads)
     except ValueError as e:
@@ -249,15 +263,17 @@ def _check_model(m: Any, task: Any) -> dict[str, Any]:
     if m.head_dim is None and m.d_model % m.num_heads:
         raise ValueError(f"model.num_heads={m.num_heads} does not divide model.d_model={m.d_model}; "
                          "set model.head_dim to decouple them")
-    kinds = model_class(task_kind(task)).ATTENTION_KINDS
-    lengths, kernels, masks = _key_lengths(task, m.pooling), {}, {}
+    cls = model_class(task_kind(task), m.name)
+    kinds = tuple(cls.ATTENTION)
+    _check_unused_kinds(m, kinds, cls.NAME)
+    layout, kernels, masks = _layout(task, cls, m), {}, {}
     for kind in kinds:
         kv = m.kinds[kind].num_kv_heads or m.num_kv_heads or m.num_heads
         if m.num_heads % kv:
             raise ValueError(f"model.num_heads={m.num_heads} is not divisible by num_kv_heads={kv} ({kind})")
-        name, kernels[kind] = _build_kernel(m, kind, kv)
-        _check_kernel_length(kernels[kind], name, kind, lengths[kind])
-        masks[kind] = _head_mask(m, kind)
+        name, kernels[kind] = _build_kernel(m, kind, kv, cls.ATTENTION[kind])
+        _check_kernel_length(kernels[kind], name, kind, layout[kind][1])
+        masks[kind] = _head_mask(m, kind, layout[kind][0])
     if all(mask is not None and not any(map(any, mask)) for mask in masks.values()):  # pruning keeps one head too
         raise ValueError(f"model.kinds.{kinds[-1]}.head_mask={m.kinds[kinds[-1]].head_mask!r}: the head masks "
                          "mask every attention head of the model; keep at least one")
@@ -352,6 +368,6 @@ def validate_config(config: Any) -> None:
     learned.check_config(config.loss, kernels)
     _check_diversity_layers(config)
     _check_batch_size(config)
-    _check_bleu(config.eval.bleu_tokenize, model_class(task_kind(config.task)).GENERATES)
+    _check_bleu(config.eval.bleu_tokenize, model_class(task_kind(config.task), config.model.name).GENERATES)
     _check_wandb(config.wandb)
     _check_paths(config)

@@ -67,11 +67,6 @@ def greedy_decode_uncached(state: dict, inputs: jax.Array, head_masks: dict | No
     return jax.lax.fori_loop(0, max_len, body, start)[0]
 
 
-def supports_cached_decoding(model: nnx.Module) -> bool:
-    """Whether every decoder self-attention kernel can decode incrementally from a KV cache."""
-    return all(block.self_attn.kernel.supports_decode for block in model.decoder.blocks)
-
-
 def split_beam_size(ecfg: Any, split: str) -> int:
     """The beam a run decodes ``split`` with: ``eval.validation_beam_size`` for validation when set, else
     ``eval.beam_size`` (runs from before those keys: 1, greedy)."""

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from attn_lab.models import KINDS, attention_layers
+from attn_lab.models import attention_kinds, attention_layers
 
 REGULARIZERS = ("map_cosine", "subspace", "position", "output", "qk_orthogonal")
 NEEDS_MAPS = ("map_cosine", "position")
@@ -129,7 +129,7 @@ def default_config() -> ml_collections.ConfigDict:
     """``config.loss.diversity``: a weight per regularizer (0 = off; several > 0 combine), options, and where."""
     c = ml_collections.ConfigDict({name: {"weight": 0.0} for name in REGULARIZERS})
     c.map_cosine.tau = 0.5
-    c.kinds = ",".join(KINDS)  # which attention kinds are regularized
+    c.kinds = ",".join(attention_kinds())  # which attention kinds are regularized (a model's others are skipped)
     c.layers = ""  # comma-separated layer indices; empty: all
     return c
 
@@ -142,9 +142,9 @@ def check_config(dcfg: Any, kernels: dict[str, Any]) -> None:
     if not -1.0 <= dcfg.map_cosine.tau <= 1.0:
         raise ValueError(f"loss.diversity.map_cosine.tau must be in [-1, 1], got {dcfg.map_cosine.tau}")
     kinds = selected_kinds(dcfg)
-    bad = [k for k in kinds if k not in KINDS]
+    bad = [k for k in kinds if k not in attention_kinds()]
     if bad or not kinds:
-        raise ValueError(f"loss.diversity.kinds={dcfg.kinds!r}: choose among {', '.join(KINDS)}")
+        raise ValueError(f"loss.diversity.kinds={dcfg.kinds!r}: choose among {', '.join(attention_kinds())}")
     try:
         selected_layers(dcfg)
     except ValueError:

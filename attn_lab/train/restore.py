@@ -17,9 +17,9 @@ import numpy as np
 from flax import nnx
 
 from attn_lab.data import Task, load_task
-from attn_lab.models import build_model, model_class
+from attn_lab.models import build_model, model_class, supports_cached_decoding
 from attn_lab.train.checkpoint import Checkpointer
-from attn_lab.train.decode import compile_decode, split_beam_size, supports_cached_decoding
+from attn_lab.train.decode import compile_decode, split_beam_size
 from attn_lab.train.metrics import translation_scores
 from attn_lab.train.steps import init_state, make_optimizer, merge, model_state
 
@@ -41,7 +41,7 @@ class FinishedRun:
     @property
     def generates(self) -> bool:
         """Whether the model decodes text (then BLEU and exact match score it, not only accuracy)."""
-        return model_class(self.kind).GENERATES
+        return model_class(self.kind, self.config.model.get("name")).GENERATES
 
     def decode_scorer(self, batches: list[dict], split: str, metric: str) -> Callable:
         """A :data:`~attn_lab.analysis.importance.Scorer` that decodes ``batches`` (the first batches of ``split``)

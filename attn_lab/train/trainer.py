@@ -24,14 +24,14 @@ from attn_lab.attention.dispatch import describe_dispatch
 from attn_lab.data import load_task
 from attn_lab.environment import environment
 from attn_lab.io import write_json_atomic
-from attn_lab.models import build_model, count_params
+from attn_lab.models import build_model, count_params, supports_cached_decoding
 from attn_lab.models.gates import binary_gates
 from attn_lab.train import learned as learned_lib
 from attn_lab.train import metrics as metrics_lib
 from attn_lab.train.capture import as_layers, capture_step, track_summary
 from attn_lab.train.checkpoint import Checkpointer, CheckpointError
 from attn_lab.train.config import validate_config
-from attn_lab.train.decode import compile_decode, split_beam_size, supports_cached_decoding
+from attn_lab.train.decode import compile_decode, split_beam_size
 from attn_lab.train.logging import METRICS_FILE, MetricLogger
 from attn_lab.train.parallel import DataParallel, main_process_first
 from attn_lab.train.prefetch import Prefetcher
