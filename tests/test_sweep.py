@@ -343,3 +343,21 @@ def test_a_sweep_registers_its_design_when_it_starts_and_the_table_says_when_mar
     verdict = md[md.index("### Verdicts"):]
     assert "margins changed after the run" in verdict and "The experiment file changed" in verdict
     assert "| one head is worse than eight | 24.9 vs 25.8 BLEU | 0.02 |" in verdict  # judged as registered
+
+
+def test_make_tables_tabulates_the_seeds_a_sweep_ran_with_seeds(tmp_path):
+    """A pilot runs the preset on other seeds (--seeds): make_tables reads those from the registration, not the
+    experiment file's."""
+    path = _experiment(tmp_path, {**BASE, "variants": {"two": {"model.num_heads": 2}}, "seeds": [0], "overrides": {
+        "task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
+        "train.num_steps": 4, "train.batch_size": 16, "train.log_every": 2, "train.eval_every": 4,
+        "train.checkpoint_every": 4, "train.max_eval_batches": 1, "wandb.mode": "disabled"}}, report="variants")
+    runs = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, SWEEP, "--experiment", path, "--workdir", str(runs), "--seeds", "3,4",
+                           "--vmap-seeds", f"--config.task.data_dir={tmp_path / 'data'}"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    tables = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), "--workdir", str(runs)],
+                            capture_output=True, text=True, timeout=300)
+    assert tables.returncode == 0, tables.stderr[-2000:]
+    assert "(2) |" in (runs / "tables" / "x.md").read_text()  # both seeds, 3 and 4

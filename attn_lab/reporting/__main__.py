@@ -16,6 +16,7 @@ trials' rows), which the library modules of :mod:`attn_lab.reporting` never impo
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import pathlib
@@ -52,6 +53,9 @@ def main(argv: list[str]) -> int:
         with open(info_path) as f:
             info = json.load(f)
         exp = load_experiment(info["experiment"], root=info["root"])
+        seeds = (info.get("registration") or {}).get("seeds")
+        if seeds:  # the seeds the sweep ran (a --seeds run, e.g. a pilot, tabulates its own trials)
+            exp = dataclasses.replace(exp, seeds=[int(s) for s in seeds])
     except KeyError as e:
         sys.exit(f"error: --workdir={sweep_dir}: {info_path} has no key {e} (written by python -m attn_lab.sweep)")
     except (OSError, ValueError) as e:
