@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 import grain
 import numpy as np
 
-from attn_lab.data.tokenizers import EOS_ID, PAD_ID, Vocab
+from attn_lab.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Vocab
 
 Example = Mapping[str, Any]
 Batch = dict[str, np.ndarray]
@@ -121,6 +121,37 @@ def collate_classification(batch_size: int, input_buckets: Sequence[int]) -> Cal
             "targets": targets,
             "mask": mask,
         }
+
+    return collate
+
+
+def encode_lm(vocab: Vocab, max_length: int) -> Callable[[Example], dict]:
+    """Returns a map fn for a language-model record: next-token ``inputs`` and ``targets`` of equal length.
+
+    A record with ``inputs`` and ``targets`` id sequences (a synthetic task such as MQAR, whose targets hold the pad
+    id where a position is not scored) is taken as it is, cut to ``max_length``. A record with ``text`` becomes
+    ``[bos] + ids`` -> ``ids + [eos]``: every token is predicted from the ones before it, the first from bos; an
+    overlong text is cut so the pair still has ``max_length`` positions.
+    """
+
+    def encode(example: Example) -> dict[str, list[int]]:
+        if "text" not in example:
+            return {"inputs": list(example["inputs"])[:max_length], "targets": list(example["targets"])[:max_length]}
+        ids = [BOS_ID, *vocab.encode(as_text(example["text"])), EOS_ID][: max_length + 1]
+        return {"inputs": ids[:-1], "targets": ids[1:]}
+
+    return encode
+
+
+def collate_lm(batch_size: int, buckets: Sequence[int]) -> Callable[[Sequence[dict]], Batch]:
+    """Returns a batch fn padding ``inputs`` and ``targets`` to one common bucket (fill rows are all pad, so their
+    targets weigh nothing)."""
+
+    def collate(examples: Sequence[dict]) -> Batch:
+        longest = max((len(e["inputs"]) for e in examples), default=1)
+        lengths = [b for b in buckets if b >= longest][:1]
+        return {key: pad_to_bucket([e[key] for e in examples], lengths or buckets, batch_size)
+                for key in ("inputs", "targets")}
 
     return collate
 

@@ -110,15 +110,19 @@ class Mlp(nnx.Module):
 
 
 class Block(nnx.Module):
-    """The one Transformer block: self-attention, optional cross-attention, MLP; pre-LN or post-LN residuals."""
+    """The one Transformer block: self-attention, optional cross-attention, MLP; pre-LN or post-LN residuals.
+
+    ``model.mlp_dim=0`` leaves the MLP out (attention-only blocks, as Zoology's MQAR models: its 'state mixer' is
+    the identity)."""
 
     def __init__(self, cfg: Any, *, self_kind: str, cross: bool, rngs: nnx.Rngs):
         self.self_kind = self_kind
         self.self_attn = make_attention(cfg, self_kind, rngs=rngs)
         self.cross_attn = make_attention(cfg, "cross", rngs=rngs) if cross else nnx.data(None)
-        self.norms = nnx.List([nnx.LayerNorm(cfg.d_model, rngs=rngs, dtype=dtype(cfg))
-                               for _ in range(3 if cross else 2)])
-        self.mlp = Mlp(cfg.d_model, cfg.mlp_dim, cfg.dropout, rngs=rngs, dtype=dtype(cfg))
+        sublayers = 1 + cross + (cfg.mlp_dim > 0)
+        self.norms = nnx.List([nnx.LayerNorm(cfg.d_model, rngs=rngs, dtype=dtype(cfg)) for _ in range(sublayers)])
+        self.mlp = (Mlp(cfg.d_model, cfg.mlp_dim, cfg.dropout, rngs=rngs, dtype=dtype(cfg)) if cfg.mlp_dim > 0
+                    else nnx.data(None))
         self.dropout = nnx.Dropout(cfg.dropout)
         self.post_ln = cfg.norm == "post"
 
@@ -138,6 +142,8 @@ class Block(nnx.Module):
                                         decode=ctx.decode), ctx)
         if self.cross_attn is not None:
             x = self._residual(1, x, attend(self.cross_attn, "cross", cross_mask, kv=memory), ctx)
+        if self.mlp is None:
+            return x
         return self._residual(len(self.norms) - 1, x, lambda h: self.mlp(h, ctx), ctx)
 
 

@@ -122,7 +122,8 @@ _BOOL, _STR, _OPTIONAL_STR = _rule(bool), _rule(str), _rule(str, optional=True)
 SCALARS: dict[str, tuple] = {
     "seed": _rule(int, "in [0, 2**32 - 1]", lambda v: v in SEEDS),  # grain's shuffle seeds
     "compile_cache": _STR, "task.data_dir": _OPTIONAL_STR,
-    **dict.fromkeys(("model.num_layers", "model.d_model", "model.num_heads", "model.mlp_dim"), _POSITIVE_INT),
+    **dict.fromkeys(("model.num_layers", "model.d_model", "model.num_heads"), _POSITIVE_INT),
+    "model.mlp_dim": _rule(int, ">= 0 (0: blocks without an MLP)", lambda v: v >= 0),
     **dict.fromkeys(("model.num_decoder_layers", "model.num_kv_heads", "model.head_dim"), _OPTIONAL_POSITIVE_INT),
     **dict.fromkeys(("model.dropout", "model.attention_dropout", "train.label_smoothing"), _FRACTION),
     **dict.fromkeys(("model.tie_embeddings", "model.use_query_bias", "model.use_key_bias", "model.use_value_bias",
@@ -240,8 +241,14 @@ def _build_kernel(m: Any, kind: str, kv: int, call: Any) -> tuple[str, Any]:
     return name, kernel
 
 
-def _check_unused_kinds(m: Any, kinds: tuple[str, ...], model: str) -> None:
-    """A per-kind option set for an attention kind the model does not have would silently do nothing."""
+def _check_unused(m: Any, cls: type) -> None:
+    """An option the model does not read (a per-kind option of an attention kind it does not have, or one of its
+    ``UNUSED`` options away from its neutral value) would silently do nothing: one line instead."""
+    kinds, model = tuple(cls.ATTENTION), cls.NAME
+    for option, neutral in getattr(cls, "UNUSED", {}).items():
+        if m[option] != neutral:
+            raise ValueError(f"model.{option}={m[option]!r}: model '{model}' does not use it (leave it at "
+                             f"{neutral!r})")
     for kind in m.kinds:
         if kind in kinds:
             continue
@@ -265,7 +272,7 @@ def _check_model(m: Any, task: Any) -> dict[str, Any]:
                          "set model.head_dim to decouple them")
     cls = model_class(task_kind(task), m.name)
     kinds = tuple(cls.ATTENTION)
-    _check_unused_kinds(m, kinds, cls.NAME)
+    _check_unused(m, cls)
     layout, kernels, masks = _layout(task, cls, m), {}, {}
     for kind in kinds:
         kv = m.kinds[kind].num_kv_heads or m.num_kv_heads or m.num_heads

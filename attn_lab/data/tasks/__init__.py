@@ -32,7 +32,7 @@ from attn_lab.data.tokenizers import Vocab
 SPM = dict(vocab_size=8000, spm_model_type="unigram")  # subword options shared by the natural-language tasks
 # Checks shared by every task that has an option of this name (task-specific checks live in the task's file).
 _POSITIVE = ("max_input_length", "max_target_length", "max_depth", "min_length", "max_length", "num_train",
-             "num_validation", "num_test", "vocab_size", "spm_max_texts")
+             "num_validation", "num_test", "vocab_size", "spm_max_texts", "seq_len", "num_kv_pairs")
 _NON_NEGATIVE = ("split_seed", "seed", "limit")  # seeds of numpy's default_rng; limit 0 means all
 _INTEGER = ("min_value", "max_value", "max_args")
 
@@ -43,13 +43,15 @@ class Task:
 
     Attributes:
       name: a registered task name (see TASKS), or 'tfds:<catalog name>'.
-      kind: 'translation' (inputs/targets sequences) or 'classification'
-        (inputs sequence, int label, row mask).
+      kind: 'translation' (inputs/targets sequences), 'classification'
+        (inputs sequence, int label, row mask) or 'lm' (next-token inputs and
+        targets of one length; the pad id marks targets that are not scored).
       vocab: the vocab built from the train split (shared by both sides of a
         translation task): characters or words for the synthetic tasks, a
         SentencePiece model for natural language.
       num_classes: label count for classification, None for translation.
-      max_input_length: longest input in tokens (eos included for translation).
+      max_input_length: longest input in tokens (eos included for translation;
+        for a language model the number of positions of a row).
       max_target_length: longest target (eos included); None for
         classification.
       sources: split -> decoded TFDS records, in prepared order (held in
@@ -58,7 +60,7 @@ class Task:
     """
 
     name: str
-    kind: Literal["translation", "classification"]
+    kind: Literal["translation", "classification", "lm"]
     vocab: Vocab
     num_classes: int | None
     max_input_length: int
@@ -125,12 +127,19 @@ def _classification_batching(task: Task, rows: int) -> tuple[Callable, Callable]
             pipeline.collate_classification(rows, pipeline.bucket_lengths(task.max_input_length)))
 
 
+def _lm_batching(task: Task, rows: int) -> tuple[Callable, Callable]:
+    """Encode and collate of a language-model task: next-token inputs and targets, padded to one bucket."""
+    return (pipeline.encode_lm(task.vocab, task.max_input_length),
+            pipeline.collate_lm(rows, pipeline.bucket_lengths(task.max_input_length)))
+
+
 # What each task kind batches, and what its eval pass predicts from a record; KINDS follows from them.
 _BATCHING: dict[str, Callable[[Task, int], tuple[Callable, Callable]]] = {
-    "translation": _translation_batching, "classification": _classification_batching}
+    "translation": _translation_batching, "classification": _classification_batching, "lm": _lm_batching}
 _REFERENCE: dict[str, Callable[[dict], Any]] = {
     "translation": lambda record: pipeline.as_text(record["target"]),
-    "classification": lambda record: int(record["label"])}
+    "classification": lambda record: int(record["label"]),
+    "lm": lambda record: None}  # scored by loss and accuracy, nothing is decoded
 KINDS: tuple[str, ...] = tuple(_BATCHING)
 
 
@@ -161,7 +170,8 @@ class TaskSpec:
 
     Attributes:
       name: the ``task.name`` that selects it.
-      kind: 'translation' or 'classification'; None where the options choose (``task.kind``: catalog datasets).
+      kind: 'translation', 'classification' or 'lm'; None where the options choose (``task.kind``: catalog
+        datasets).
       defaults: every option and its default; a config sets these keys (and may override each).
       load: ``(options, data_dir) -> Task``: prepares the data once, then loads it.
       builder: ``options -> (TFDS builder class, builder config)``; the config's name is the prepared folder
@@ -175,7 +185,7 @@ class TaskSpec:
     """
 
     name: str
-    kind: Literal["translation", "classification"] | None
+    kind: Literal["translation", "classification", "lm"] | None
     defaults: Mapping[str, Any]
     load: Callable[[dict[str, Any], str], Task]
     builder: Callable[[dict[str, Any]], tuple[type, Any]] | None = None
