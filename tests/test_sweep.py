@@ -137,7 +137,7 @@ def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial_then_analyzes_a
     assert second.returncode == 0 and "seed=0: skipped" in second.stdout and "seed=1: ok" in second.stdout
 
 
-@pytest.mark.parametrize("experiment", ["head_count:quick", "head_count:full", "head_count:bible",
+@pytest.mark.parametrize("experiment", ["head_count:quick", "head_count:powered", "head_count:full", "head_count:bible",
                                         "head_count:bible_all", "pruning:quick", "pruning:full", "diversity:quick",
                                         "diversity:full", "variants:quick", "variants:full"])
 def test_every_shipped_experiment_preset_builds_valid_trials(experiment):

@@ -100,6 +100,15 @@ def test_plan_marks_findings_the_seeds_cannot_decide_before_the_run():
     assert not design.plan(2)["big"]["decidable"]  # below MIN_PAIRS
 
 
+def test_powered_seeds_make_every_finding_decidable():
+    design = Design({"a": UP, "b": SAME}, {"a": 0.01, "b": 0.05})
+    seeds = design.powered_seeds(first=100)
+    assert seeds[0] == 100 and len(seeds) == stats.seeds_needed(0.05, M)
+    assert all(p["decidable"] for p in design.plan(len(seeds)).values())
+    with pytest.raises(ValueError, match="needs a pilot sd"):
+        Design({"a": UP}, {"a": None}).powered_seeds()
+
+
 def test_judge_undecidable_whatever_the_data_and_holm_over_the_decidable_family():
     findings = {"a": UP, "b": UP, "c": UP, "u": SAME}
     design = Design(findings, {"a": 0.004, "b": 0.004, "c": 0.004, "u": 0.5})

@@ -126,6 +126,14 @@ class Design:
                         "seeds_needed": None if needed is None else max(MIN_PAIRS, needed)}
         return out
 
+    def powered_seeds(self, first: int = 100) -> list[int]:
+        """The seeds (``first``, ``first + 1``, ...) that make every finding with a pilot sd decidable: the most any
+        of them needs. For presets meant for an accelerator, where a vectorized seed costs almost nothing."""
+        needed = [p["seeds_needed"] for p in self.plan(MIN_PAIRS).values() if p["sd"] is not None]
+        if not needed or None in needed:
+            raise ValueError("Design.powered_seeds: every finding needs a pilot sd and a finite seed count")
+        return list(range(first, first + max(needed)))
+
     def record(self) -> dict[str, Any]:
         """The design as JSON (what ``sweep.json`` keeps)."""
         return {"level": self.level, "pilot": self.pilot, "pilot_seeds": list(self.pilot_seeds),
