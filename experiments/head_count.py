@@ -40,7 +40,7 @@ def get_experiment(preset: str = "quick") -> dict:
     match) against the 0.02 margin leave every finding undecidable at 5 seeds, which its table says before it runs;
     'powered': quick's five judged rows at the seeds the pilot says every finding needs (141: for an accelerator,
     where a vectorized seed is nearly free; about 5.5 hours on 2 CPU cores); 'full': d_model 128, h in 1..32, 4000
-    steps;
+    steps; 'lm': rows A, MQA and GQA on a decoder-only LM (bible_lm, d_model 64, 400 steps), perplexity, 5 seeds;
     'bible' / 'bible_all': French -> English verses (one head vs eight / every row), 3 seeds; 'gpu': the full
     bible config (d_model 256 class, 4 rows x 3 seeds), sized for about 10 minutes on one H200 with --vmap-seeds.
 
@@ -59,6 +59,10 @@ def get_experiment(preset: str = "quick") -> dict:
         return {"name": "head_count_quick", "config": "configs/numbers.py:quick",
                 "overrides": short | BEAM,
                 "variants": rows, "seeds": VERDICT_SEEDS, "design": design(QUICK_SD)}
+    if preset == "lm":  # the same rows on a decoder-only language model: bible_lm, perplexity on held-out books
+        rows = _rows(64, [1, 2, 4, 8, 16], 16, [])
+        return {"name": "head_count_lm", "config": "configs/bible_lm.py:quick", "variants": rows,
+                "seeds": VERDICT_SEEDS, "design": Design(FINDINGS_LM, LM_SD, LM_PILOT, PILOT_SEEDS)}
     if preset == "powered":  # quick's judged rows at the seeds the pilot says they need: for an accelerator
         quick = get_experiment("quick")
         rows = {k: v for k, v in quick["variants"].items() if k in (BASELINE, *FINDINGS)}
@@ -80,8 +84,8 @@ def get_experiment(preset: str = "quick") -> dict:
                 "overrides": BEAM,
                 "variants": _rows(128, [1, 2, 4, 8, 16, 32], 32, [1, 2, 8, 16]), "seeds": [0, 1, 2, 3, 4],
                 "design": design()}
-    raise ValueError(f"unknown preset '{preset}' for experiments/head_count.py; use demo, quick, powered, full, "
-                     "bible, bible_all or gpu")
+    raise ValueError(f"unknown preset '{preset}' for experiments/head_count.py; use demo, quick, powered, lm, "
+                     "full, bible, bible_all or gpu")
 
 
 # --- published numbers (Vaswani et al. 2017; Shazeer 2019; Ainslie et al. 2023) --------------------------------
@@ -121,6 +125,23 @@ QUICK_SD = {"A-h1": 0.064, "A-h16": 0.060, "MQA-h8": 0.120, "GQA-h8-kv2": 0.105}
 VERDICT_SEEDS = [100, 101, 102, 103, 104]
 
 
+# The language-model rows are judged in minus the test loss (nats; higher is better), so the findings read as
+# above; a margin of 0.02 nats (2% perplexity) is the smallest gap that counts: Vaswani et al.'s one-head loss is
+# ln(5.29 / 4.92) = 0.073 nats, Shazeer's multi-query cost ln-PPL 1.439 - 1.424 = 0.015.
+LM_METRIC, LM_MARGIN = "test_loss", 0.02
+FINDINGS_LM = {
+    "A-h1": Finding("one head is worse than eight at fixed width (Table 3 A)", "PPL 5.29 vs 4.92", "down", LM_MARGIN),
+    "A-h16": Finding("sixteen heads are no better or worse than eight (Table 3 A)", "PPL 4.91 vs 4.92", "same",
+                     LM_MARGIN),
+    "MQA-h8": Finding("one shared key/value head costs little (Shazeer 2019)", "ln PPL 1.439 vs 1.424", "not_worse",
+                      LM_MARGIN),
+    "GQA-h8-kv2": Finding("grouped key/value heads match full multi-head (Ainslie et al. 2023)", "47.1 vs 47.2",
+                          "not_worse", LM_MARGIN),
+}
+LM_PILOT = "experiments/head_count.py:lm --seeds 0,1,2,3,4 (docs/head_count.md, pilot)"
+LM_SD = dict.fromkeys(FINDINGS_LM)
+
+
 def design(sd: dict | None = None, rows=FINDINGS) -> Design:
     """The findings of the preset's ``rows`` with the per-seed sds it expects (None: no pilot at that preset:
     undecidable)."""
@@ -134,6 +155,8 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     exact match against h per family (rows A, rows B)."""
     from attn_lab.reporting.plots import errorbar_plot
 
+    lm = not any("test_exact_match" in r for r in rows)  # the 'lm' preset: perplexity is the metric
+    shown = "test_loss" if lm else "test_exact_match"
     body, series, status = [], {}, []
     for variant, g, state in every_variant(rows):
         ov = exp.variants.get(variant, {})
@@ -150,8 +173,9 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
             x, ys = series.setdefault(f"{family}: " + ("d_k = d_model / h" if family == "A" else f"d_k = {dk}"),
                                       ([], []))
             x.append(h)
-            ys.append(column(g, "test_exact_match"))
-    errorbar_plot(os.path.join(out_dir, "head_count.png"), series, "heads h", "test exact match", "head count")
+            ys.append([math.exp(v) for v in column(g, shown)] if lm else column(g, shown))
+    errorbar_plot(os.path.join(out_dir, "head_count.png"), series, "heads h",
+                  "test perplexity" if lm else "test exact match", "head count")
     header = ["variant", "h", "d_k", "kv heads", "params", "BLEU", "exact match", "PPL", "steps/s",
               "Vaswani PPL / BLEU"]
     rows_b = ", ".join(f"d_k {dk} -> {VASWANI_TABLE3[8, dk][0]} / {VASWANI_TABLE3[8, dk][1]}" for dk in (16, 32))
@@ -161,5 +185,6 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
             f"(Ainslie et al. 2023): {GROUPED_QUERY['mha']} -> {GROUPED_QUERY['gqa8']} (MQA {GROUPED_QUERY['mqa']}).")
     header, body = with_status(header, body, status)
     groups = {variant: g for variant, g, _ in every_variant(rows)}
-    judged = variant_verdicts(groups, BASELINE, exp, sweep_dir, METRIC, "test exact match")
+    judged = (variant_verdicts(groups, BASELINE, exp, sweep_dir, LM_METRIC, "minus the test loss (nats)", sign=-1)
+              if lm else variant_verdicts(groups, BASELINE, exp, sweep_dir, METRIC, "test exact match"))
     return [Table("Head count", header, body, note), *([judged] if judged else []), *unfinished_table(rows)]

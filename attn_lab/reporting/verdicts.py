@@ -350,12 +350,14 @@ def by_seed(group: Sequence[Mapping], metric: str) -> dict[int, float]:
 
 
 def variant_verdicts(groups: Mapping[str, Sequence[Mapping]], baseline: str, exp: Any, sweep_dir: str, metric: str,
-                     label: str):
+                     label: str, sign: float = 1.0):
     """The verdict table of findings that each compare one variant with ``baseline`` (``groups``: variant -> its
-    finished rows), paired by seed in ``metric``, under the experiment's design; None without a comparison."""
+    finished rows), paired by seed in ``metric`` (times ``sign``: -1 turns a loss into a higher-is-better score),
+    under the experiment's design; None without a comparison."""
     design = getattr(exp, "design", None)
     if baseline not in groups or design is None:
         return None
-    base = by_seed(groups[baseline], metric)
-    diffs = {v: paired_t(base, by_seed(groups[v], metric)) for v in design.findings if v in groups}
+    score = lambda group: {s: sign * v for s, v in by_seed(group, metric).items()}
+    base = score(groups[baseline])
+    diffs = {v: paired_t(base, score(groups[v])) for v in design.findings if v in groups}
     return verdict_table(design, diffs, label, sweep_dir, exp)
