@@ -111,6 +111,15 @@ class Design:
         if missing:
             raise ValueError(f"Design: finding '{missing[0]}' has no expected sd (give None when no pilot ran)")
 
+    @classmethod
+    def of(cls, findings: Mapping[str, Finding], sd: Mapping[str, float | None] | None, pilot: str,
+           pilot_seeds: tuple[int, ...], rows=None) -> "Design":
+        """A preset's design: the ``findings`` among ``rows`` (default all) with the sds its pilot measured (``sd``
+        None or a key missing: no pilot at this preset, so that finding is undecidable)."""
+        chosen = {k: f for k, f in findings.items() if rows is None or k in rows}
+        return cls(chosen, {k: (sd or {}).get(k) for k in chosen}, pilot if sd else "no pilot at this preset",
+                   tuple(pilot_seeds))
+
     def plan(self, seeds: int) -> dict[str, dict[str, Any]]:
         """Per finding, what ``seeds`` seeds can show: the expected half-width, the smallest difference detected
         with 80% power, whether the finding is decidable (half-width below the margin) and the seeds it needs."""
