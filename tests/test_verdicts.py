@@ -190,3 +190,18 @@ def test_findings_reject_bad_directions_and_margins():
         Finding("c", "p", "up", 0)
     with pytest.raises(ValueError, match="finding 'a' has no expected sd"):
         Design({"a": UP}, {})
+    for bad in (0, -0.1, float("nan"), float("inf"), "0.1"):
+        with pytest.raises(ValueError, match=r"sd\['a'\]=.*allowed: a positive number"):
+            Design({"a": UP}, {"a": bad})
+    for level in (0.4, 1.0, 95):
+        with pytest.raises(ValueError, match="level=.*allowed: a float in"):
+            Design({"a": UP}, {"a": 0.1}, level=level)
+
+
+def test_design_of_picks_rows_and_marks_presets_without_a_pilot():
+    findings = {"a": UP, "b": SAME}
+    design = Design.of(findings, {"a": 0.01}, "pilot cmd", [0, 1], rows=["a"])
+    assert list(design.findings) == ["a"] and design.sd == {"a": 0.01} and design.pilot_seeds == (0, 1)
+    bare = Design.of(findings, None, "pilot cmd", (0, 1))
+    assert bare.sd == {"a": None, "b": None} and bare.pilot == "no pilot at this preset"
+    assert not any(p["decidable"] for p in bare.plan(5).values())

@@ -110,6 +110,11 @@ class Design:
         missing = [k for k in self.findings if k not in self.sd]
         if missing:
             raise ValueError(f"Design: finding '{missing[0]}' has no expected sd (give None when no pilot ran)")
+        for key, sd in self.sd.items():
+            if sd is not None and not (isinstance(sd, (int, float)) and sd > 0 and math.isfinite(sd)):
+                raise ValueError(f"Design: sd['{key}']={sd!r}; allowed: a positive number (None: no pilot)")
+        if not (isinstance(self.level, float) and 0.5 < self.level < 1):
+            raise ValueError(f"Design: level={self.level!r}; allowed: a float in (0.5, 1), e.g. 0.95")
 
     @classmethod
     def of(cls, findings: Mapping[str, Finding], sd: Mapping[str, float | None] | None, pilot: str,
