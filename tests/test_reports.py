@@ -45,11 +45,14 @@ def _rows(variants, metric="test_bleu", base=0.5):
 
 
 def _exp(variants, module=None, sd=0.001, seeds=(0, 1, 2)):
-    """The experiment as the sweep loads it; with ``module``, its findings under a design expecting ``sd`` per
-    seed (0.001: decidable at 3 seeds) and pilot seeds 90-94 (not the seeds these rows use)."""
+    """The experiment as the sweep loads it; with ``module``, its findings (those of the rows it runs, as a preset
+    declares them) under a design expecting ``sd`` per seed (0.001: decidable at 3 seeds) and pilot seeds 90-94
+    (not the seeds these rows use)."""
     design = None
     if module is not None:
-        design = Design(module.FINDINGS, dict.fromkeys(module.FINDINGS, sd), "test pilot", (90, 91, 92, 93, 94))
+        rows = [k for k in module.FINDINGS if k in variants] or None  # pruning's findings name orders, not rows
+        design = Design.of(module.FINDINGS, dict.fromkeys(module.FINDINGS, sd), "test pilot", (90, 91, 92, 93, 94),
+                           rows)
     return Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
                       seeds=list(seeds), variants=variants, design=design)
 
