@@ -145,9 +145,7 @@ LM_SD = dict.fromkeys(FINDINGS_LM)
 def design(sd: dict | None = None, rows=FINDINGS) -> Design:
     """The findings of the preset's ``rows`` with the per-seed sds it expects (None: no pilot at that preset:
     undecidable)."""
-    findings = {k: f for k, f in FINDINGS.items() if k in rows}
-    return Design(findings, {k: (sd or {}).get(k) for k in findings}, PILOT if sd else "no pilot at this preset",
-                  PILOT_SEEDS)
+    return Design.of(FINDINGS, sd, PILOT, PILOT_SEEDS, rows)
 
 
 def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:

@@ -81,9 +81,9 @@ PRUNE_FRACTION = 0.04  # of all heads per step: 1 of the quick model's 24 (round
 # % pruned where the pilot's mean random curve is nearest half the unpruned score: one head of 24 (random 0.286 vs
 # half of 0.891 after the first step; the pilot's verdict note)
 HALF_RANDOM = 4.2
-COMPARISONS = {  # finding key -> (order, compared with, % pruned)
-    "importance vs random": ("importance", "random", HALF_RANDOM),
-    "importance_raw vs random": ("importance_raw", "random", HALF_RANDOM),
+COMPARISONS = {  # finding key -> (order, compared with, % pruned; "half": HALF_RANDOM, read when judged)
+    "importance vs random": ("importance", "random", "half"),
+    "importance_raw vs random": ("importance_raw", "random", "half"),
     "importance vs full at 20%": ("importance", "full", 20.0),
 }
 FINDINGS = {
@@ -204,7 +204,8 @@ def _verdicts(curves: dict[int, dict], exp, sweep_dir: str) -> Table | None:
     half = half_point(curves) if all("random" in f for f in curves.values()) else None
     diffs = {}
     for key, (order, base, percent) in COMPARISONS.items():
-        percent = half if percent is None else percent  # no pilot value yet: this run's own (a pilot)
+        if percent == "half":  # the design's half point; none yet: this run's own (a pilot)
+            percent = half if HALF_RANDOM is None else HALF_RANDOM
         if percent is None or not all(o in f for f in curves.values() for o in {"importance", order, base} - {"full"}):
             continue
         diffs[key] = paired_t({s: _at(f, base, percent) for s, f in curves.items()},

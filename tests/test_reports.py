@@ -45,11 +45,14 @@ def _rows(variants, metric="test_bleu", base=0.5):
 
 
 def _exp(variants, module=None, sd=0.001, seeds=(0, 1, 2)):
-    """The experiment as the sweep loads it; with ``module``, its findings under a design expecting ``sd`` per
-    seed (0.001: decidable at 3 seeds) and pilot seeds 90-94 (not the seeds these rows use)."""
+    """The experiment as the sweep loads it; with ``module``, its findings (those of the rows it runs, as a preset
+    declares them) under a design expecting ``sd`` per seed (0.001: decidable at 3 seeds) and pilot seeds 90-94
+    (not the seeds these rows use)."""
     design = None
     if module is not None:
-        design = Design(module.FINDINGS, dict.fromkeys(module.FINDINGS, sd), "test pilot", (90, 91, 92, 93, 94))
+        rows = [k for k in module.FINDINGS if k in variants] or None  # pruning's findings name orders, not rows
+        design = Design.of(module.FINDINGS, dict.fromkeys(module.FINDINGS, sd), "test pilot", (90, 91, 92, 93, 94),
+                           rows)
     return Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
                       seeds=list(seeds), variants=variants, design=design)
 
@@ -169,7 +172,8 @@ def test_pruning_report_reads_curves_structural_and_gates(tmp_path):
     assert (tmp_path / "pruning_curves.png").exists()
 
 
-def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_path):
+def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_path, monkeypatch):
+    monkeypatch.setattr(PRUNING, "HALF_RANDOM", 30.0)  # the design's half point, on these curves' grid
     rows = _rows({"baseline": {}})
     for row in rows:
         analysis = tmp_path / row["trial"] / "analysis"
@@ -190,6 +194,7 @@ def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_p
     free = by_claim["~20% of heads prune by importance almost for free (at ~20% pruned)"]
     # the mean random curve (0.6 unpruned, 0.5 at 20%, 0.4 at 30%) is nearest half the unpruned score at 30%
     assert "nearest half the unpruned score at 30.0%" in verdicts.note
+    assert "compared at 30.0% pruned (the design's half point)" in verdicts.note
     assert beats[3:] == ["+0.150 [+0.150, +0.150] (3 seeds)", "0.000 (0.001)", "<0.001", "reproduced"]
     assert free[3:] == ["-0.005 [-0.005, -0.005] (3 seeds)", "0.000 (0.001)", "<0.001", "reproduced"]
     diagnosis = experiment_pruning_diagnosis(tmp_path, rows)

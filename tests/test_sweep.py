@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -361,3 +362,26 @@ def test_make_tables_tabulates_the_seeds_a_sweep_ran_with_seeds(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr[-2000:]
     assert "(2) |" in (runs / "tables" / "x.md").read_text()  # both seeds, 3 and 4
+
+
+def test_a_resumed_sweep_must_run_the_seeds_and_overrides_it_registered(tmp_path):
+    """sweep.json's registration names the seeds and the command-line overrides a sweep started with; a rerun in the
+    same folder with other seeds, a repeated seed or another budget stops with one line before anything runs
+    (where data, caches and logs go may change)."""
+    path = _experiment(tmp_path, {**BASE, "variants": {"two": {"model.num_heads": 2}}, "seeds": [5, 6]})
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    reg = {"experiment_sha256": "0" * 64, "seeds": [5, 6], "overrides": {}, "design": None,
+           "command_line": ["--config.train.num_steps=4", f"--config.task.data_dir={tmp_path / 'data'}"]}
+    (runs / "sweep.json").write_text(json.dumps({"experiment": f"{path}:quick", "root": str(tmp_path), "name": "t",
+                                                 "registration": reg}))
+    base = [sys.executable, SWEEP, "--experiment", path, "--workdir", str(runs)]
+    cases = [(["--seeds", "5,6,7", "--config.train.num_steps=4"], "--seeds=5,6,7: .*registered seeds 5,6"),
+             (["--config.train.num_steps=8"], "--config.train.num_steps=8: .*registered 4 when this sweep started"),
+             ([], r"--config.train.num_steps=\(not given\): .*registered 4"),
+             (["--seeds", "5,5", "--dry-run"], "--seeds: seed 5 is given twice")]
+    for args, message in cases:
+        proc = subprocess.run(base + args, capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+        assert re.search(message, proc.stderr), proc.stderr
+    assert sorted(os.listdir(runs)) == ["sweep.json"]  # nothing started

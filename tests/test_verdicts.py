@@ -190,3 +190,61 @@ def test_findings_reject_bad_directions_and_margins():
         Finding("c", "p", "up", 0)
     with pytest.raises(ValueError, match="finding 'a' has no expected sd"):
         Design({"a": UP}, {})
+    for bad in (0, -0.1, float("nan"), float("inf"), "0.1"):
+        with pytest.raises(ValueError, match=r"sd\['a'\]=.*allowed: a positive number"):
+            Design({"a": UP}, {"a": bad})
+    for level in (0.4, 1.0, 95):
+        with pytest.raises(ValueError, match="level=.*allowed: a float in"):
+            Design({"a": UP}, {"a": 0.1}, level=level)
+
+
+def test_design_of_picks_rows_and_marks_presets_without_a_pilot():
+    findings = {"a": UP, "b": SAME}
+    design = Design.of(findings, {"a": 0.01}, "pilot cmd", [0, 1], rows=["a"])
+    assert list(design.findings) == ["a"] and design.sd == {"a": 0.01} and design.pilot_seeds == (0, 1)
+    bare = Design.of(findings, None, "pilot cmd", (0, 1))
+    assert bare.sd == {"a": None, "b": None} and bare.pilot == "no pilot at this preset"
+    assert not any(p["decidable"] for p in bare.plan(5).values())
+
+
+def test_bools_are_no_margins_or_sds_and_a_misspelled_sd_key_stops():
+    with pytest.raises(ValueError, match="margin=True"):
+        Finding("c", "p", "up", True)
+    with pytest.raises(ValueError, match=r"sd\['a'\]=True"):
+        Design({"a": UP}, {"a": True})
+    with pytest.raises(ValueError, match="sd key 'linformr' is not a finding; findings: a, b"):
+        Design.of({"a": UP, "b": SAME}, {"a": 0.01, "linformr": 0.01}, "pilot", (0,))
+
+
+def test_a_finding_without_finished_trials_stays_in_the_family_and_diverged_seeds_are_no_pairs(tmp_path):
+    """If every seed of one compared variant failed, its row stays ('–', inconclusive) and Holm still counts it:
+    the other findings are corrected for the family the design registered, not for the rows that happened to
+    finish. A non-finite metric (a diverged run) is no pair."""
+    from types import SimpleNamespace
+
+    from attn_lab.reporting.verdicts import variant_verdicts
+
+    findings = {"a": dataclasses.replace(UP, claim="a"), "b": dataclasses.replace(UP, claim="b")}
+    design = Design(findings, {"a": 0.001, "b": 0.001}, "pilot", (0,))
+    exp = SimpleNamespace(design=design, seeds=[1, 2, 3, 4, 5])
+    rows = lambda shift: [{"seed": s, "m": 0.5 + shift + 0.001 * s} for s in exp.seeds]  # noqa: E731
+    both = variant_verdicts({"base": rows(0), "a": rows(0.1), "b": rows(0.1)}, "base", exp, str(tmp_path), "m", "m")
+    one = variant_verdicts({"base": rows(0), "a": rows(0.1)}, "base", exp, str(tmp_path), "m", "m")
+    by_claim = lambda table: {r[0]: r for r in table.rows}  # noqa: E731
+    assert "Family: 2 findings" in both.note and "Family: 2 findings" in one.note
+    assert by_claim(one)["b"][3] == "–" and by_claim(one)["b"][6] == "inconclusive"
+    assert by_claim(one)["a"][6] == "reproduced"
+    assert by_seed([{"seed": 1, "m": float("nan")}, {"seed": 2, "m": 0.5}, {"seed": 3, "m": None}], "m") == {2: 0.5}
+
+
+def test_a_pilot_table_still_says_what_its_undecidable_findings_would_need(tmp_path):
+    from types import SimpleNamespace
+
+    from attn_lab.reporting.verdicts import variant_verdicts
+
+    design = Design({"a": dataclasses.replace(UP, claim="a")}, {"a": None}, "pilot", (1, 2, 3))
+    exp = SimpleNamespace(design=design, seeds=[1, 2, 3])
+    rows = lambda shift: [{"seed": s, "m": 0.5 + shift + 0.01 * s} for s in exp.seeds]  # noqa: E731
+    table = variant_verdicts({"base": rows(0), "a": rows(0.1)}, "base", exp, str(tmp_path), "m", "m")
+    assert table.rows[0][6] == f"{UNDECIDABLE} (pilot)"
+    assert "Undecidable at this budget: 'a': no pilot sd" in table.note

@@ -58,6 +58,11 @@ ALPHA = (1 - LEVEL) / 2  # one-sided level of each interval edge
 Direction = Literal["up", "down", "same", "not_worse"]
 DIRECTIONS = ("up", "down", "same", "not_worse")
 UNDECIDABLE = "undecidable at this budget"
+
+
+def _number(x: Any) -> bool:
+    """An int or float, not a bool (``True`` is an int to Python, never a margin or an sd)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 VERDICTS = ("reproduced", "smaller than published", "not reproduced", "inconclusive", UNDECIDABLE)
 
 
@@ -83,7 +88,7 @@ class Finding:
     def __post_init__(self):
         if self.direction not in DIRECTIONS:
             raise ValueError(f"Finding({self.claim!r}): direction={self.direction!r}, allowed: {DIRECTIONS}")
-        if not (isinstance(self.margin, (int, float)) and self.margin > 0 and math.isfinite(self.margin)):
+        if not (_number(self.margin) and self.margin > 0 and math.isfinite(self.margin)):
             raise ValueError(f"Finding({self.claim!r}): margin={self.margin!r} must be a positive number")
 
 
@@ -110,6 +115,23 @@ class Design:
         missing = [k for k in self.findings if k not in self.sd]
         if missing:
             raise ValueError(f"Design: finding '{missing[0]}' has no expected sd (give None when no pilot ran)")
+        for key, sd in self.sd.items():
+            if sd is not None and not (_number(sd) and sd > 0 and math.isfinite(sd)):
+                raise ValueError(f"Design: sd['{key}']={sd!r}; allowed: a positive number (None: no pilot)")
+        if not (isinstance(self.level, float) and 0.5 < self.level < 1):
+            raise ValueError(f"Design: level={self.level!r}; allowed: a float in (0.5, 1), e.g. 0.95")
+
+    @classmethod
+    def of(cls, findings: Mapping[str, Finding], sd: Mapping[str, float | None] | None, pilot: str,
+           pilot_seeds: tuple[int, ...], rows=None) -> "Design":
+        """A preset's design: the ``findings`` among ``rows`` (default all) with the sds its pilot measured (``sd``
+        None or a key missing: no pilot at this preset, so that finding is undecidable)."""
+        unknown = sorted(set(sd or {}) - set(findings))
+        if unknown:
+            raise ValueError(f"Design: sd key '{unknown[0]}' is not a finding; findings: {', '.join(findings)}")
+        chosen = {k: f for k, f in findings.items() if rows is None or k in rows}
+        return cls(chosen, {k: (sd or {}).get(k) for k in chosen}, pilot if sd else "no pilot at this preset",
+                   tuple(pilot_seeds))
 
     def plan(self, seeds: int) -> dict[str, dict[str, Any]]:
         """Per finding, what ``seeds`` seeds can show: the expected half-width, the smallest difference detected
@@ -211,7 +233,7 @@ def judge(design: Design, diffs: Mapping[str, Interval | None], seeds: int) -> l
             verdict, p = f"{raw[k]} (exploratory)", None
         else:
             p = adjusted[k]
-            verdict = raw[k] if p < ALPHA else "inconclusive"
+            verdict = raw[k] if p < (1 - design.level) / 2 else "inconclusive"
         out.append(Judged(k, finding, diffs[k], plan[k], verdict, p))
     return out
 
@@ -223,11 +245,13 @@ def file_sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def registration(exp: Any, experiment_path: str) -> dict[str, Any]:
+def registration(exp: Any, experiment_path: str, command_line: Sequence[str] = ()) -> dict[str, Any]:
     """What a sweep records in ``sweep.json`` before any trial starts: the experiment file's sha256, its design
-    (findings, margins, expected sds, pilot seeds), the seeds and the fixed overrides (budgets)."""
+    (findings, margins, expected sds, pilot seeds), the seeds, the fixed overrides (budgets) and the command-line
+    overrides every trial gets (``--config.train.num_steps=...``: a budget too)."""
     return {"experiment_sha256": file_sha256(experiment_path), "seeds": list(exp.seeds),
-            "overrides": dict(exp.overrides), "design": exp.design.record() if exp.design else None}
+            "overrides": dict(exp.overrides), "command_line": list(command_line),
+            "design": exp.design.record() if exp.design else None}
 
 
 def registration_notes(design: Design | None, registered: Mapping[str, Any] | None, experiment_path: str,
@@ -241,7 +265,9 @@ def registration_notes(design: Design | None, registered: Mapping[str, Any] | No
     seeds_text = ", ".join(map(str, registered.get("seeds", [])))
     notes = [f"Registered when the sweep started (sweep.json): experiment sha256 "
              f"{registered.get('experiment_sha256', '?')[:12]}, seeds {seeds_text}"
-             + (f", budget {budget}" if budget else "") + "."]
+             + (f", budget {budget}" if budget else "")
+             + (f", command line {' '.join(registered['command_line'])}" if registered.get("command_line") else "")
+             + "."]
     if os.path.exists(experiment_path) and file_sha256(experiment_path) != registered.get("experiment_sha256"):
         notes.append(f"The experiment file changed after the run started (sha256 {registered['experiment_sha256'][:12]}"
                      f" -> {file_sha256(experiment_path)[:12]}).")
@@ -317,7 +343,7 @@ def verdict_note(judged: Sequence[Judged], metric: str, notes: Sequence[str] = (
     family = [j for j in judged if j.p_holm is not None]
     text = (f"Differences in {metric} (compared row minus baseline, paired by seed). {RULE} Family: "
             f"{len(family)} finding{'s' * (len(family) != 1)}.")
-    undecidable = [j for j in judged if j.verdict == UNDECIDABLE]
+    undecidable = [j for j in judged if j.verdict.startswith(UNDECIDABLE)]  # a pilot's too: '... (pilot)'
     if undecidable:
         need = "; ".join(f"'{j.key}': {plan_text(j.plan, j.finding.margin)}" for j in undecidable)
         text += f" Undecidable at this budget: {need}."
@@ -345,8 +371,10 @@ def verdict_table(design: Design | None, diffs: Mapping[str, Interval | None], m
 
 
 def by_seed(group: Sequence[Mapping], metric: str) -> dict[int, float]:
-    """``{seed: value}`` of a variant's finished rows (a sweep's ``seed`` axis pairs rows across variants)."""
-    return {int(r["seed"]): float(r[metric]) for r in group if r.get(metric) is not None and "seed" in r}
+    """``{seed: value}`` of a variant's finished rows (a sweep's ``seed`` axis pairs rows across variants); a
+    non-finite value (a diverged run) is no pair: the table's seed count shows it."""
+    return {int(r["seed"]): float(r[metric]) for r in group
+            if r.get(metric) is not None and "seed" in r and math.isfinite(float(r[metric]))}
 
 
 def variant_verdicts(groups: Mapping[str, Sequence[Mapping]], baseline: str, exp: Any, sweep_dir: str, metric: str,
@@ -357,7 +385,7 @@ def variant_verdicts(groups: Mapping[str, Sequence[Mapping]], baseline: str, exp
     design = getattr(exp, "design", None)
     if baseline not in groups or design is None:
         return None
-    score = lambda group: {s: sign * v for s, v in by_seed(group, metric).items()}
-    base = score(groups[baseline])
-    diffs = {v: paired_t(base, score(groups[v])) for v in design.findings if v in groups}
+    score = lambda group: {s: sign * v for s, v in by_seed(group, metric).items()}  # noqa: E731
+    base = score(groups[baseline])  # a finding whose variant has no finished row stays in the family
+    diffs = {v: paired_t(base, score(groups[v]), design.level) if v in groups else None for v in design.findings}
     return verdict_table(design, diffs, label, sweep_dir, exp)

@@ -108,6 +108,9 @@ def _load() -> tuple[Experiment, list[Trial]]:
         exp = dataclasses.replace(exp, seeds=_SEEDS.value)
         for seed in exp.seeds:
             check_seed(seed, "--seeds")
+        twice = sorted({s for s in exp.seeds if exp.seeds.count(s) > 1})
+        if twice:
+            raise ValueError(f"--seeds: seed {twice[0]} is given twice; give each seed once")
     return exp, select(exp)
 
 
@@ -129,18 +132,52 @@ def design_text(exp: Experiment) -> str:
     return "\n".join(lines)
 
 
-def register(exp: Experiment, spec: str, workdir: str) -> None:
+def _registered(spec: str, workdir: str) -> dict | None:
+    """The registration this folder's sweep.json holds for the same experiment and preset (None: a new sweep)."""
+    path, _, preset = spec.partition(":")
+    try:
+        old = read_json(os.path.join(workdir, "sweep.json"))
+    except (OSError, ValueError):  # an unreadable sweep.json is replaced (it only locates the experiment)
+        return None
+    same = isinstance(old, dict) and old.get("experiment") == f"{os.path.abspath(path)}:{preset or 'quick'}"
+    return old.get("registration") or None if same else None
+
+
+def _check_registration(exp: Experiment, spec: str, workdir: str, extra: list[str]) -> None:
+    """A resumed sweep runs what it registered: the same seeds and command-line overrides (else its tables would
+    judge trials the registration does not describe)."""
+    reg = _registered(spec, workdir)
+    if reg is None:
+        return
+    if list(exp.seeds) != list(reg.get("seeds", exp.seeds)):
+        raise ValueError(f"--seeds={','.join(map(str, exp.seeds))}: {workdir}/sweep.json registered seeds "
+                         f"{','.join(map(str, reg['seeds']))} when this sweep started; use a new --workdir")
+    now, then = _result_overrides(extra), _result_overrides(reg.get("command_line", []))
+    if now != then:
+        key = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))[0]
+        raise ValueError(f"--config.{key}={now.get(key, '(not given)')}: {workdir}/sweep.json registered "
+                         f"{then.get(key, '(not given)')} when this sweep started; use a new --workdir")
+
+
+# Command-line overrides that leave a trial's results as they are: where data, caches and logs go.
+NEUTRAL = ("task.data_dir", "compile_cache", "wandb.")
+
+
+def _result_overrides(extra: list[str]) -> dict[str, str]:
+    """``--config.KEY=VALUE`` overrides that can change a trial's results, as {KEY: VALUE}."""
+    pairs = (a[len("--config."):].partition("=") for a in extra if a.startswith("--config."))
+    return {k: v for k, _, v in pairs if not k.startswith(NEUTRAL)}
+
+
+def register(exp: Experiment, spec: str, workdir: str, extra: list[str]) -> None:
     """``sweep.json``: where the experiment is (for make_tables) and, written once when the sweep first starts, its
-    registration -- the file's sha256, design, seeds and budgets -- which a resumed sweep keeps."""
+    registration -- the file's sha256, design, seeds, budgets and command-line overrides -- which a resumed sweep
+    keeps."""
     path, _, preset = spec.partition(":")
     experiment = f"{os.path.abspath(path)}:{preset or 'quick'}"
     info_path = os.path.join(workdir, "sweep.json")
-    try:
-        old = read_json(info_path)
-    except (OSError, ValueError):  # an unreadable sweep.json is replaced (it only locates the experiment)
-        old = None
-    keep = isinstance(old, dict) and old.get("experiment") == experiment and old.get("registration")
-    reg = old["registration"] if keep else registration(exp, path)
+    keep = _registered(spec, workdir)
+    reg = keep or registration(exp, path, extra)
     if keep and reg.get("experiment_sha256") != file_sha256(path):
         print(f"note: {path} changed since this sweep started; its tables judge the design registered then")
     write_json_atomic(info_path, {"experiment": experiment, "root": exp.root, "name": exp.name, "registration": reg})
@@ -154,6 +191,7 @@ def main(argv: list[str]) -> int:
         _check_overrides(exp, extra)
         if not (_EXPORT_WANDB.value or _DRY_RUN.value):
             _check_workdir(exp, workdir)
+            _check_registration(exp, spec, workdir, extra)
     except ValueError as e:
         sys.exit(f"error: {e}")
     if _EXPORT_WANDB.value:
@@ -167,7 +205,7 @@ def main(argv: list[str]) -> int:
         print(design_text(exp))
         return 0
     os.makedirs(workdir, exist_ok=True)
-    register(exp, spec, workdir)
+    register(exp, spec, workdir, extra)
     statuses = run_sweep(exp, trials, workdir, parallel=_PARALLEL.value, extra=extra, vmap_seeds=_VMAP_SEEDS.value)
     rows = collect(exp, workdir, statuses)
     write_csv(rows, os.path.join(workdir, "results.csv"))
