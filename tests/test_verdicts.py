@@ -248,3 +248,26 @@ def test_a_pilot_table_still_says_what_its_undecidable_findings_would_need(tmp_p
     table = variant_verdicts({"base": rows(0), "a": rows(0.1)}, "base", exp, str(tmp_path), "m", "m")
     assert table.rows[0][6] == f"{UNDECIDABLE} (pilot)"
     assert "Undecidable at this budget: 'a': no pilot sd" in table.note
+
+
+def test_the_designs_level_sets_the_interval_and_the_holm_threshold(tmp_path):
+    """A design at 80% judges with the 80% paired t-interval (narrower than 95%, written out with scipy's t
+    quantile) and calls a verdict at one-sided p < 0.10: a difference that is inconclusive at 95% is decided."""
+    from types import SimpleNamespace
+
+    from scipy import stats as sp
+
+    from attn_lab.reporting.verdicts import variant_verdicts
+
+    seeds = [1, 2, 3, 4, 5]
+    diff = np.array([0.030, 0.010, 0.050, 0.000, 0.060])  # mean 0.03, sd 0.025
+    groups = {"base": [{"seed": s, "m": 0.5} for s in seeds],
+              "a": [{"seed": s, "m": 0.5 + d} for s, d in zip(seeds, diff)]}
+    finding = {"a": dataclasses.replace(UP, claim="a", margin=0.01)}
+    tables = {}
+    for level in (0.95, 0.8):
+        exp = SimpleNamespace(design=Design(finding, {"a": 0.001}, "pilot", (0,), level=level), seeds=seeds)
+        tables[level] = variant_verdicts(groups, "base", exp, str(tmp_path), "m", "m").rows[0]
+    half = sp.t.ppf(0.9, 4) * diff.std(ddof=1) / math.sqrt(5)
+    assert tables[0.8][3] == f"{diff.mean():+.3f} [{diff.mean() - half:+.3f}, {diff.mean() + half:+.3f}] (5 seeds)"
+    assert tables[0.95][6] == "inconclusive" and tables[0.8][6] == "reproduced"

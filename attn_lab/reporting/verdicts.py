@@ -58,12 +58,12 @@ ALPHA = (1 - LEVEL) / 2  # one-sided level of each interval edge
 Direction = Literal["up", "down", "same", "not_worse"]
 DIRECTIONS = ("up", "down", "same", "not_worse")
 UNDECIDABLE = "undecidable at this budget"
+VERDICTS = ("reproduced", "smaller than published", "not reproduced", "inconclusive", UNDECIDABLE)
 
 
 def _number(x: Any) -> bool:
     """An int or float, not a bool (``True`` is an int to Python, never a margin or an sd)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
-VERDICTS = ("reproduced", "smaller than published", "not reproduced", "inconclusive", UNDECIDABLE)
 
 
 @dataclasses.dataclass(frozen=True)

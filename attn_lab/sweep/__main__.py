@@ -140,7 +140,7 @@ def _registered(spec: str, workdir: str) -> dict | None:
     except (OSError, ValueError):  # an unreadable sweep.json is replaced (it only locates the experiment)
         return None
     same = isinstance(old, dict) and old.get("experiment") == f"{os.path.abspath(path)}:{preset or 'quick'}"
-    return old.get("registration") or None if same else None
+    return (old.get("registration") or None) if same else None
 
 
 def _check_registration(exp: Experiment, spec: str, workdir: str, extra: list[str]) -> None:
