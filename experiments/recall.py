@@ -34,47 +34,59 @@ from attn_lab.reporting.tables import Table, column, grouped, mean_std, unfinish
 from attn_lab.reporting.verdicts import Design, Finding, verdict_table
 
 LENGTHS = [(64, 4), (128, 8), (256, 16)]  # (T, N): Zoology Figure 2's first three
+QUICK_LENGTHS = LENGTHS[:2]  # T=256 does not fit 30 CPU minutes (see get_experiment)
+CHUNK = 64  # causal linear / Performer scan chunk: at T=256 twice the steps/s of the default 256 on 2 CPU cores
 KERNELS = {  # row name -> overrides (local-w: a causal window of w keys, the query and the w - 1 before it)
     "dense": {"model.attention.name": "dense"},
     "local-8": {"model.attention.name": "local", "model.attention.local.window": 8},
     "local-32": {"model.attention.name": "local", "model.attention.local.window": 32},
-    "linear": {"model.attention.name": "linear"},
-    "performer": {"model.attention.name": "performer", "model.attention.performer.num_features": 64},
+    "linear": {"model.attention.name": "linear", "model.attention.linear.chunk_size": CHUNK},
+    "performer": {"model.attention.name": "performer", "model.attention.performer.num_features": 64,
+                  "model.attention.performer.chunk_size": CHUNK},
 }
-STEPS = 1000
-TRAIN = {"task.vocab_size": 64, "model.num_heads": 4, "train.learning_rate": 3e-3, "train.num_steps": STEPS,
-         "train.eval_every": STEPS, "train.checkpoint_every": STEPS, "train.log_every": 100}
+LEARNED = {"adaptive_span": {"model.attention.name": "adaptive_span", "model.attention.adaptive_span.max_span": 256,
+                             "model.attention.adaptive_span.init_span": 0.25},
+           "entmax15": {"model.attention.name": "entmax"}}
+STEPS = 600
 
 
-def _variants(widths: list[int], kernels: dict) -> dict:
+def _train(steps: int) -> dict:
+    return {"task.vocab_size": 64, "model.num_heads": 4, "train.learning_rate": 3e-3, "train.batch_size": 64,
+            "train.num_steps": steps, "train.eval_every": steps, "train.checkpoint_every": steps,
+            "train.log_every": 100}
+
+
+def _variants(widths, kernels: dict, lengths) -> dict:
     """One named row per kernel x length x width: ``dense/T128/d64``."""
     return {f"{k}/T{t}/d{d}": {**ov, "task.seq_len": t, "task.num_kv_pairs": n, "model.d_model": d}
-            for k, ov in kernels.items() for t, n in LENGTHS for d in widths}
+            for k, ov in kernels.items() for t, n in lengths for d in widths}
 
 
 def get_experiment(preset: str = "quick") -> dict:
-    """'quick': five kernels x three lengths at d_model 64, 3 seeds, 1,000 steps (<= 30 minutes on 2 CPU cores);
-    'full': d_model 64 and 128, adaptive span and entmax too, 3 seeds; 'gpu': the papers' sizes -- vocabulary 8192,
-    T up to 512 (N = 64), d_model 64-256, 3 seeds."""
+    """'quick': five kernels x (T, N) in (64, 4), (128, 8) at d_model 64, 3 seeds, 600 steps of batch 64 (<= 30
+    minutes on 2 CPU cores); 'full': the three lengths, d_model 64 and 128, adaptive span and entmax too, 1,500
+    steps, 3 seeds (about 3 hours on 2 CPU cores); 'gpu': the papers' sizes -- vocabulary 8192, 100k sequences, T up
+    to 512 (N = 64), d_model 64-256, one head as in Zoology, 3 seeds.
+
+    Why quick stops at T=128: exact attention forms its recall circuit abruptly (train recall 0.09 -> 0.99 between
+    steps 600 and 800 at T=256, batch 64), and at batch 16 or 32 it had not formed by step 1,000 (0.07-0.08,
+    docs/recall.md). A dense T=256 row at batch 64 x 1,000 steps takes 7.5 minutes per seed here, so the three
+    lengths do not fit 30 minutes; 'full' has them."""
     if preset == "quick":
-        return {"name": "recall_quick", "config": "configs/mqar.py:quick", "overrides": TRAIN,
-                "variants": _variants([64], KERNELS), "seeds": VERDICT_SEEDS, "design": design(QUICK_SD)}
+        return {"name": "recall_quick", "config": "configs/mqar.py:quick", "overrides": _train(STEPS),
+                "variants": _variants([64], KERNELS, QUICK_LENGTHS), "seeds": VERDICT_SEEDS,
+                "design": Design.of(FINDINGS, QUICK_SD, PILOT, PILOT_SEEDS)}
     if preset == "full":
-        kernels = {**KERNELS, "adaptive_span": {"model.attention.name": "adaptive_span",
-                                                "model.attention.adaptive_span.max_span": 256,
-                                                "model.attention.adaptive_span.init_span": 0.25},
-                   "entmax15": {"model.attention.name": "entmax"}}
-        return {"name": "recall_full", "config": "configs/mqar.py:quick", "overrides": {**TRAIN, "train.num_steps": 3000,
-                                                                                       "train.eval_every": 3000,
-                                                                                       "train.checkpoint_every": 3000},
-                "variants": _variants([64, 128], kernels), "seeds": [0, 1, 2], "design": design()}
-    if preset == "gpu":  # Zoology's data: vocabulary 8192, 100k sequences; T up to 512 as in its Figure 2
-        lengths = {"task.num_train": 100_000, "task.num_test": 3000, "train.num_steps": 20_000,
-                   "train.eval_every": 5000, "train.checkpoint_every": 5000, "train.batch_size": 256}
-        rows = {f"{k}/T{t}/d{d}": {**ov, "task.seq_len": t, "task.num_kv_pairs": n, "model.d_model": d}
-                for k, ov in KERNELS.items() for t, n in [*LENGTHS, (512, 64)] for d in (64, 128, 256)}
-        return {"name": "recall_gpu", "config": "configs/mqar.py", "overrides": {**lengths, "model.num_heads": 1},
-                "variants": rows, "seeds": [0, 1, 2], "design": design()}
+        return {"name": "recall_full", "config": "configs/mqar.py:quick", "overrides": _train(1500),
+                "variants": _variants([64, 128], {**KERNELS, **LEARNED}, LENGTHS), "seeds": VERDICT_SEEDS,
+                "design": Design.of(FINDINGS, None, PILOT, PILOT_SEEDS)}
+    if preset == "gpu":  # Zoology's data: vocabulary 8192, 100k sequences, T up to 512, one head
+        data = {"task.num_train": 100_000, "task.num_test": 3000, "train.num_steps": 20_000,
+                "train.eval_every": 5000, "train.checkpoint_every": 5000, "train.batch_size": 256,
+                "model.num_heads": 1}
+        return {"name": "recall_gpu", "config": "configs/mqar.py", "overrides": data,
+                "variants": _variants([64, 128, 256], KERNELS, [*LENGTHS, (512, 64)]), "seeds": VERDICT_SEEDS,
+                "design": Design.of(FINDINGS, None, PILOT, PILOT_SEEDS)}
     raise ValueError(f"unknown preset '{preset}' for experiments/recall.py; use quick, full or gpu")
 
 
@@ -88,13 +100,13 @@ BASED = ("sliding-window recall grows with the window; linear attention's recall
 # that counts as 'solved' (Zoology's attention is within a few points of 1.0), 0.1 the least fall or gain that counts
 # (the papers' are 0.3-0.8).
 FINDINGS = {
-    "attention solves": Finding("attention solves MQAR at every length (worst of the three vs 1.0)",
+    "attention solves": Finding("attention solves MQAR at every length (its worst length vs 1.0)",
                                 "Zoology Fig. 2: ~1.0", "not_worse", 0.05),
-    "linear falls": Finding("linear attention's recall falls from T=64 to T=256 at fixed width",
+    "linear falls": Finding("linear attention's recall falls from the shortest to the longest T at fixed width",
                             "Zoology Fig. 2 / Based Fig. 3", "down", 0.1),
-    "performer falls": Finding("Performer's recall falls from T=64 to T=256 at fixed width",
+    "performer falls": Finding("Performer's recall falls from the shortest to the longest T at fixed width",
                                "Based Fig. 3 (Performer feature map)", "down", 0.1),
-    "window grows": Finding("sliding-window recall grows with the window (32 vs 8 keys, T=256)",
+    "window grows": Finding("sliding-window recall grows with the window (32 vs 8 keys, longest T)",
                             "Based Fig. 2", "up", 0.1),
 }
 # Pilot: the quick preset on seeds 0-2, per-seed sds of the paired differences from its verdict table's 'sd: run'
@@ -107,19 +119,19 @@ QUICK_SD = dict.fromkeys(FINDINGS)
 VERDICT_SEEDS = [100, 101, 102]
 
 
-def design(sd: dict | None = None) -> Design:
-    """The findings with the per-seed sds a preset expects (None: no pilot at that preset: undecidable)."""
-    return Design(FINDINGS, sd or dict.fromkeys(FINDINGS), PILOT if sd else "no pilot at this preset", PILOT_SEEDS)
-
-
 def _recall(groups: dict, kernel: str, t: int, width: int) -> dict[int, float]:
     return {int(r["seed"]): float(r["test_accuracy"]) for r in groups.get(f"{kernel}/T{t}/d{width}", [])}
 
 
-def _comparisons(groups: dict, width: int) -> dict:
+def _lengths(exp) -> list[tuple[int, int]]:
+    """The preset's (T, N), shortest first, read from its rows."""
+    return sorted({(ov["task.seq_len"], ov["task.num_kv_pairs"]) for ov in exp.variants.values()})
+
+
+def _comparisons(groups: dict, width: int, lengths: list[tuple[int, int]]) -> dict:
     """Each finding's paired interval at one width (None where a row it needs is missing)."""
-    short, long = LENGTHS[0][0], LENGTHS[-1][0]
-    dense = [_recall(groups, "dense", t, width) for t, _ in LENGTHS]
+    short, long = lengths[0][0], lengths[-1][0]
+    dense = [_recall(groups, "dense", t, width) for t, _ in lengths]
     seeds = set.intersection(*(set(d) for d in dense)) if all(dense) else set()
     worst = {s: min(d[s] for d in dense) for s in seeds}
     pairs = {"attention solves": ({s: 1.0 for s in worst}, worst),
@@ -138,19 +150,21 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     groups = grouped(rows, lambda r: r["variant"])
     names = list(dict.fromkeys(v.split("/")[0] for v in exp.variants))
     widths = sorted({int(v.rsplit("/d", 1)[1]) for v in exp.variants})
-    tables = []
+    lengths, tables = _lengths(exp), []
     for width in widths:
         body, series = [], {}
         for kernel in names:
-            cells = [groups.get(f"{kernel}/T{t}/d{width}", []) for t, _ in LENGTHS]
+            cells = [groups.get(f"{kernel}/T{t}/d{width}", []) for t, _ in lengths]
             body.append([kernel, *(mean_std(column(g, "test_accuracy"), 3) for g in cells),
                          *(f"{np.mean(column(g, 'steps_per_sec')):.1f}" if g else "–" for g in cells[-1:])])
-            series[kernel] = ([t for t, _ in LENGTHS], [column(g, "test_accuracy") for g in cells])
+            done = [(t, column(g, "test_accuracy")) for (t, _), g in zip(lengths, cells) if g]
+            if done:  # a kernel with no finished length has no line
+                series[kernel] = ([t for t, _ in done], [v for _, v in done])
         errorbar_plot(os.path.join(out_dir, f"recall_d{width}.png"), series, "sequence length T",
                       "recall (test accuracy at queries)", f"MQAR, d_model {width}")
         tables.append(Table(f"Recall at d_model {width} (mean ± std over seeds)",
-                            ["kernel", *(f"T={t}, N={n}" for t, n in LENGTHS), f"steps/s at T={LENGTHS[-1][0]}"],
+                            ["kernel", *(f"T={t}, N={n}" for t, n in lengths), f"steps/s at T={lengths[-1][0]}"],
                             body, f"Published: {ZOOLOGY}. {BASED}."))
-    judged = verdict_table(getattr(exp, "design", None), _comparisons(groups, widths[0]), "test recall", sweep_dir,
+    judged = verdict_table(getattr(exp, "design", None), _comparisons(groups, widths[0], lengths), "test recall", sweep_dir,
                            exp)
     return tables + ([judged] if judged else []) + unfinished_table(rows)

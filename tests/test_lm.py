@@ -196,6 +196,8 @@ def _at(tree, path):
     ({"model.pooling": "cls"}, "model.pooling='cls': model 'lm' does not use it"),
     ({"model.name": "seq2seq"}, "model.name='seq2seq' trains on translation tasks; this task is 'lm'"),
     ({"model.name": "gpt"}, "model.name='gpt' is not a registered model"),
+    ({"loss.diversity.kinds": "cross", "loss.diversity.output.weight": 0.1},
+     "loss.diversity.kinds='cross': the model has none of these attention kinds (its kinds: decoder_self)"),
 ])
 def test_bad_lm_configs_are_one_line(override, message, tmp_path):
     c = load_config("mqar", "quick")

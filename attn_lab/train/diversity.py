@@ -149,6 +149,9 @@ def check_config(dcfg: Any, kernels: dict[str, Any]) -> None:
         selected_layers(dcfg)
     except ValueError:
         raise ValueError(f"loss.diversity.layers={dcfg.layers!r}: give comma-separated layer indices") from None
+    if active(dcfg) and not set(kinds) & set(kernels):
+        raise ValueError(f"loss.diversity.kinds={dcfg.kinds!r}: the model has none of these attention kinds (its "
+                         f"kinds: {', '.join(kernels)}), so the diversity terms would regularize nothing")
     for name in NEEDS_MAPS:
         for kind in kinds:
             kernel = kernels.get(kind)
