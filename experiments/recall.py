@@ -165,6 +165,6 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
         tables.append(Table(f"Recall at d_model {width} (mean ± std over seeds)",
                             ["kernel", *(f"T={t}, N={n}" for t, n in lengths), f"steps/s at T={lengths[-1][0]}"],
                             body, f"Published: {ZOOLOGY}. {BASED}."))
-    judged = verdict_table(getattr(exp, "design", None), _comparisons(groups, widths[0], lengths), "test recall", sweep_dir,
-                           exp)
+    judged = verdict_table(getattr(exp, "design", None), _comparisons(groups, widths[0], lengths), "test recall",
+                           sweep_dir, exp)
     return tables + ([judged] if judged else []) + unfinished_table(rows)

@@ -27,6 +27,10 @@ at the chosen dtype).
 - ``decode``: greedy decoding of a batch through the KV cache (``compile_decode(cached=True)``) against re-running
   the causal decoder over the whole target buffer for every token (``cached=False``), at each target length (64 and
   256). The model's logits never pick EOS (its bias is -1e9), so both decode every position. Goal: >= 5x at 256.
+- ``lm``: the same two measurements on the decoder-only language model (``models/lm.py``): its trainer loop over
+  its bare step on MQAR batches (configs/mqar.py:quick, the --loop width, an MLP of 4 x d_model; goal >= 0.9), and
+  greedy generation (``train/generate.py``) through the KV cache against re-running the causal model over the
+  buffer for every new token, from an 8-token prompt to each length (goal >= 5x at 256).
 """
 
 from __future__ import annotations
@@ -47,11 +51,12 @@ from flax import nnx
 from attn_lab.cli import DEFINE_integer_list, main_args, parse_flags
 from attn_lab.io import write_json_atomic, write_text_atomic
 from attn_lab.markdown import markdown_table
-from attn_lab.models import Seq2Seq, build_model, count_params, supports_cached_decoding
+from attn_lab.models import LanguageModel, Seq2Seq, build_model, count_params, supports_cached_decoding
 from attn_lab.models.transformer import EOS
 from attn_lab.sweep.spec import load_config_file
 from attn_lab.train.config import base_config
 from attn_lab.train.decode import compile_decode
+from attn_lab.train.generate import compile_generate
 from attn_lab.train.seeds import stack, stack_batches
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
 from attn_lab.train.trainer import Run, _train_loop  # the trainer's own loop, timed as a run uses it
@@ -206,6 +211,21 @@ def loop_config(args: types.SimpleNamespace, data_dir: str):
     return c
 
 
+def lm_loop_config(args: types.SimpleNamespace, data_dir: str):
+    """configs/mqar.py:quick (64 tokens, 4 pairs, vocabulary 64) with the --loop model as a decoder-only LM:
+    ``args.layers`` blocks with an MLP, dropout 0.1, no W&B; steps as in :func:`loop_config`."""
+    c = load_config_file(f"{ROOT / 'configs' / 'mqar.py'}:quick")
+    c.task.update(data_dir=data_dir, vocab_size=64, seq_len=64, num_kv_pairs=4, num_train=2000, num_validation=16,
+                  num_test=16)
+    c.wandb.mode = "disabled"
+    c.model.update(num_layers=args.layers, d_model=args.d_model, mlp_dim=4 * args.d_model, num_heads=args.heads,
+                   dtype=args.dtype, dropout=0.1)
+    steps = args.loop_steps * args.rounds + 1
+    c.train.update(num_steps=steps, batch_size=args.batch, log_every=args.log_every, eval_every=steps,
+                   checkpoint_every=steps, max_eval_batches=1)
+    return c
+
+
 def compile_every_bucket(run: Run, batches: list[dict]) -> None:
     """Compiles the train step for each distinct batch shape on a copy of the state (the step donates its input),
     so neither the trainer's nor the bare loop's timed steps include a compilation."""
@@ -231,7 +251,7 @@ def bare_steps_per_sec(run: Run, batches: list[dict]) -> float:
     return len(placed) / seconds
 
 
-def bench_trainer(args: types.SimpleNamespace) -> dict:
+def bench_trainer(args: types.SimpleNamespace, make_config=loop_config) -> dict:
     """Steady steps/s of the trainer loop and of the bare step on the same batches, alternated for ``--rounds``.
 
     Round r trains steps ``[r n + 1, (r + 1) n]`` with the trainer loop (one ``_train_loop`` call that stops there,
@@ -241,7 +261,7 @@ def bench_trainer(args: types.SimpleNamespace) -> dict:
     """
     n, rounds = args.loop_steps, []
     with tempfile.TemporaryDirectory() as tmp:
-        config = loop_config(args, str(pathlib.Path(tmp) / "data"))
+        config = make_config(args, str(pathlib.Path(tmp) / "data"))
         run = Run(config, str(pathlib.Path(tmp) / "run"))
         try:
             datasets = [run.task.dataset("train", args.batch, train=True, seed=s) for s in run.seeds]
@@ -313,35 +333,76 @@ def bench_decode(args: types.SimpleNamespace, vocab: int = DECODE_VOCAB,
     return rows
 
 
+PROMPT_LENGTH = 8
+
+
+def bench_generate(args: types.SimpleNamespace, vocab: int = DECODE_VOCAB) -> list[dict]:
+    """Per total length: seconds to greedy-generate from an 8-token prompt (shorter for a length <= 8) with the KV
+    cache and by re-running the causal model over the buffer (a randomly initialized --loop LM: no EOS stops
+    either)."""
+    lengths = list(args.decode_lengths)
+    prompt_length = min(PROMPT_LENGTH, min(lengths) - 1)
+    c = base_config()
+    c.model.update(num_layers=args.layers, d_model=args.d_model, mlp_dim=4 * args.d_model, num_heads=args.heads,
+                   dtype=args.dtype, dropout=0.0)
+    model = build_model(c.model, kind=LanguageModel.TASK_KINDS[0], vocab_size=vocab, max_len=max(lengths))
+    graphdef, params, _ = nnx.split(model, nnx.Param, ...)
+    state = {"params": nnx.to_pure_dict(params), "model_state": model_state(model)}
+    prompt = jnp.asarray(np.random.default_rng(0).integers(3, vocab, (args.decode_batch, prompt_length)), jnp.int32)
+    key, rows = jax.random.key(0), []
+    for length in lengths:
+        cached, uncached = (compile_generate(graphdef, length - prompt_length, cached=c) for c in (True, False))
+        t_cached, ids = median_seconds(cached, (state, prompt, key), args.repeats)  # ids: (B, length)
+        t_uncached, ids_uncached = median_seconds(uncached, (state, prompt, key), args.repeats)
+        rows.append({"length": length, "prompt_length": prompt_length, "cached_seconds": t_cached,
+                     "uncached_seconds": t_uncached, "cached_speedup": t_uncached / t_cached,
+                     "same_tokens": bool((np.asarray(ids) == np.asarray(ids_uncached)).all())})
+    return rows
+
+
 def bench_loop(args: types.SimpleNamespace) -> dict:
-    """The --loop report: trainer loop against the bare step, then cached against uncached greedy decoding."""
+    """The --loop report: trainer loop against the bare step, then cached against uncached greedy decoding, for
+    the encoder-decoder and for the decoder-only LM."""
     device = jax.devices()[0]
     return {"device": f"{device.platform} {device.device_kind} x{jax.device_count()}", "args": vars(args),
             **bench_trainer(args), "decode": bench_decode(args), "decode_vocab": DECODE_VOCAB,
-            "decode_source_length": DECODE_SOURCE_LENGTH}
+            "decode_source_length": DECODE_SOURCE_LENGTH,
+            "lm": {**bench_trainer(args, lm_loop_config), "generate": bench_generate(args)}}
 
 
-def loop_markdown(r: dict) -> str:
-    a = r["args"]
+def _loop_table(r: dict) -> str:
     per_round = ", ".join(f"{x['ratio']:.2f}" for x in r["rounds"])
-    loop_table = markdown_table(
+    return markdown_table(
         ["trainer loop", "bare jitted step", "trainer / bare (goal >= 0.9)", "per round"],
         [[f"{r['trainer_steps_per_sec']:.1f} steps/s", f"{r['bare_steps_per_sec']:.1f} steps/s",
           f"{r['trainer_over_bare']:.3f}", per_round]])
-    decode_table = markdown_table(
-        ["target length", "KV cache", "re-run decoder", "speedup (goal >= 5x at 256)", "same tokens"],
+
+
+def _decode_table(rows: list[dict], what: str) -> str:
+    return markdown_table(
+        [what, "KV cache", "re-run the model", "speedup (goal >= 5x at 256)", "same tokens"],
         [[str(d["length"]), f"{d['cached_seconds'] * 1e3:.1f} ms", f"{d['uncached_seconds'] * 1e3:.1f} ms",
-          f"{d['cached_speedup']:.1f}x", "yes" if d["same_tokens"] else "no"] for d in r["decode"]])
-    return (f"# Training loop and decoding\n\n`python scripts/bench_train.py --loop` on {r['device']}: Seq2Seq "
-            f"d_model {a['d_model']}, {a['layers']}+{a['layers']} layers, {a['heads']} heads, {r['params']:,} "
-            f"parameters, {a['dtype']}.\n\n"
-            f"Numbers task, batch {a['batch']}; {a['rounds']} rounds of {a['loop_steps']} trainer steps (the "
-            f"{r['steady_steps']} after the first log window of {a['log_every']} timed), each followed by the bare "
-            "step on the same batches; every shape bucket compiled beforehand. Mean steps/s, median ratio.\n\n"
-            f"{loop_table}\n\n"
+          f"{d['cached_speedup']:.1f}x", "yes" if d["same_tokens"] else "no"] for d in rows])
+
+
+def loop_markdown(r: dict) -> str:
+    a, lm = r["args"], r["lm"]
+    timing = (f"{a['rounds']} rounds of {a['loop_steps']} trainer steps (the {r['steady_steps']} after the first log "
+              f"window of {a['log_every']} timed), each followed by the bare step on the same batches; every shape "
+              "bucket compiled beforehand. Mean steps/s, median ratio.")
+    return (f"# Training loop and decoding\n\n`python scripts/bench_train.py --loop` on {r['device']}, {a['dtype']}, "
+            f"d_model {a['d_model']}, {a['heads']} heads.\n\n"
+            f"## Seq2Seq ({a['layers']}+{a['layers']} layers, {r['params']:,} parameters)\n\n"
+            f"Numbers task, batch {a['batch']}; {timing}\n\n{_loop_table(r)}\n\n"
             f"Greedy decoding of {a['decode_batch']} sentences of {r['decode_source_length']} random tokens "
             f"(vocabulary {r['decode_vocab']:,}), median of at least {a['repeats']} calls:\n\n"
-            f"{decode_table}\n")
+            f"{_decode_table(r['decode'], 'target length')}\n\n"
+            f"## Decoder-only LM ({a['layers']} layers, {lm['params']:,} parameters)\n\n"
+            f"MQAR batches (64 tokens), batch {a['batch']}; {timing}\n\n{_loop_table(lm)}\n\n"
+            f"Greedy generation for {a['decode_batch']} prompts of {lm['generate'][0]['prompt_length']} random "
+            f"tokens (vocabulary {r['decode_vocab']:,}) up to each total length, median of at least {a['repeats']} "
+            "calls:\n\n"
+            f"{_decode_table(lm['generate'], 'total length')}\n")
 
 
 def main(argv: list[str]) -> int:

@@ -42,7 +42,11 @@ def test_bench_train_loop_reports_trainer_over_bare_and_decoding_speedups(tmp_pa
     assert [d["length"] for d in r["decode"]] == [8]
     for d in r["decode"]:
         assert d["cached_seconds"] > 0 and d["uncached_seconds"] > 0 and d["cached_speedup"] > 0 and d["same_tokens"]
-    assert "| trainer loop | bare jitted step |" in out.with_suffix(".md").read_text()
+    lm = r["lm"]  # the decoder-only LM: its loop and its generation, the same figures
+    assert lm["trainer_over_bare"] > 0 and lm["params"] > 0 and len(lm["rounds"]) == 2
+    assert [g["length"] for g in lm["generate"]] == [8] and all(g["same_tokens"] for g in lm["generate"])
+    md = out.with_suffix(".md").read_text()
+    assert md.count("| trainer loop | bare jitted step |") == 2 and "## Decoder-only LM" in md
 
 
 def test_bad_bench_train_flags_are_one_line_and_write_nothing(tmp_path):

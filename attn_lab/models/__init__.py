@@ -32,8 +32,10 @@ for _module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 from attn_lab.models.classifier import Classifier  # noqa: E402  (registered above; re-exported)
+from attn_lab.models.lm import LanguageModel  # noqa: E402
 from attn_lab.models.seq2seq import Seq2Seq  # noqa: E402
 
-__all__ = ["KINDS", "Classifier", "Ctx", "KindSpec", "Seq2Seq", "Site", "attention_kinds", "attention_layers",
-           "build_model", "count_params", "decoding_attentions", "mask_shapes", "model_class", "model_names",
-           "parse_head_mask", "register_model", "resolve", "set_module", "stack_sites", "supports_cached_decoding"]
+__all__ = ["KINDS", "Classifier", "Ctx", "KindSpec", "LanguageModel", "Seq2Seq", "Site", "attention_kinds",
+           "attention_layers", "build_model", "count_params", "decoding_attentions", "mask_shapes", "model_class",
+           "model_names", "parse_head_mask", "register_model", "resolve", "set_module", "stack_sites",
+           "supports_cached_decoding"]
