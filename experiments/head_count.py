@@ -62,7 +62,7 @@ def get_experiment(preset: str = "quick") -> dict:
     if preset == "lm":  # the same rows on a decoder-only language model: bible_lm, perplexity on held-out books
         rows = _rows(64, [1, 2, 4, 8, 16], 16, [])
         return {"name": "head_count_lm", "config": "configs/bible_lm.py:quick", "variants": rows,
-                "seeds": VERDICT_SEEDS, "design": Design(FINDINGS_LM, LM_SD, LM_PILOT, PILOT_SEEDS)}
+                "seeds": VERDICT_SEEDS, "design": Design.of(FINDINGS_LM, LM_SD, LM_PILOT, PILOT_SEEDS)}
     if preset == "powered":  # quick's judged rows at the seeds the pilot says they need: for an accelerator
         quick = get_experiment("quick")
         rows = {k: v for k, v in quick["variants"].items() if k in (BASELINE, *FINDINGS)}
@@ -139,7 +139,7 @@ FINDINGS_LM = {
                           "not_worse", LM_MARGIN),
 }
 LM_PILOT = "experiments/head_count.py:lm --seeds 0,1,2,3,4 (docs/head_count.md, pilot)"
-LM_SD = dict.fromkeys(FINDINGS_LM)
+LM_SD = None  # filled from the pilot (docs/head_count.md)
 
 
 def design(sd: dict | None = None, rows=FINDINGS) -> Design:

@@ -4,7 +4,7 @@
 (every kernel of the model supports decoding) the prompt is fed one token per step (prefill) and each new token
 costs one query against the cache -- O(T) per token; without one (local, sparse, lsh kernels) step t re-runs the
 causal model over the whole buffer and reads position t, O(T^2) per token. Both give the same tokens
-(tests/test_lm.py); ``scripts/bench_train.py --lm-generate`` times them side by side.
+(tests/test_lm.py); ``scripts/bench_train.py --loop`` times them side by side.
 """
 
 from __future__ import annotations
