@@ -65,8 +65,8 @@ def _variants(widths, kernels: dict, lengths) -> dict:
 def get_experiment(preset: str = "quick") -> dict:
     """'quick': five kernels x (T, N) in (64, 4), (128, 8) at d_model 64, 3 seeds, 1,000 steps of batch 32 (<= 30
     minutes on 2 CPU cores); 'full': the three lengths, d_model 64 and 128, adaptive span and entmax too, 1,500
-    steps of batch 64, 3 seeds (several hours on 2 CPU cores); 'gpu': the papers' sizes -- vocabulary 8192, 100k sequences, T up
-    to 512 (N = 64), d_model 64-256, one head as in Zoology, 3 seeds.
+    steps of batch 64, 3 seeds (several hours on 2 CPU cores); 'gpu': the papers' sizes -- vocabulary 8192, 100k
+    sequences, T up to 512 (N = 64), d_model 64-256, one head as in Zoology, 3 seeds.
 
     Why quick stops at T=128: exact attention forms its recall circuit abruptly (train recall 0.09 -> 0.99 between
     steps 600 and 800 at T=256, batch 64), and at batch 16 or 32 it had not formed by step 1,000 (0.07-0.08,
