@@ -7,16 +7,17 @@ kernels can look a key up in their context, as the sequence grows at a fixed wid
 Each trial trains a 2-layer decoder-only model (configs/mqar.py: attention-only blocks, learned positions, tied
 embeddings) on MQAR -- N key-value pairs, then every key queried once at power-law distances
 (attn_lab/data/tasks/mqar.py) -- and reports recall: accuracy at the query positions of the test sequences. Rows:
-kernel x sequence length (T, N) in (64, 4), (128, 8), (256, 16) x width. Zoology finds exact attention at ~1.0 for
-every size while efficient token mixers fall with T at a fixed width; Based finds sliding-window recall growing
-with the window and linear attention's recall growing with its state.
+kernel x sequence length (T, N) x width: (64, 4), (128, 8) at width 64 in 'quick', (256, 16) too in 'full' and
+(512, 64) in 'gpu'. Zoology finds exact attention at ~1.0 for every size while efficient token mixers fall with T at
+a fixed width; Based finds sliding-window recall growing with the window and linear attention's recall growing with
+its state.
 
-Where ours differs (and why): a vocabulary of 64 instead of 8,192 and 1,000 steps of batch 64 instead of 64 epochs
-of 100,000 sequences, so it runs on 2 CPU cores; 4 heads instead of Zoology's 1 (with one head of width 64 the
-induction circuit did not form in 4,000 steps here: recall stayed at the ~0.5 a model gets by answering the last
-pair and guessing among the others; 4 heads reach 1.0 in 1,500 -- docs/recall.md); one learning rate instead of the
-best of four. The smaller vocabulary makes recall easier for every kernel (the Zoology README: a larger vocabulary
-sharpens the differences), so expect smaller gaps than the papers'.
+Where ours differs (and why): a vocabulary of 64 instead of 8,192 and 1,000 steps of batch 32 instead of 64 epochs
+of 100,000 sequences, so 'quick' runs on 2 CPU cores; 4 heads instead of Zoology's 1 (in early probes, not kept as a
+committed run, one head of width 64 formed the recall circuit far more slowly than four); one learning rate instead
+of the best of four. The smaller vocabulary makes recall easier for every kernel (the Zoology README: a larger
+vocabulary sharpens the differences), so expect smaller gaps than the papers'. docs/recall.md has the probes that
+set the budget, with their commands.
 
 Paper numbers: Zoology Figure 2 and Based Figures 2-3 are plots; the values below were read from them and from the
 public configs (HazyResearch/zoology: zoology/experiments/iclr24_zoology_figure2, arxiv24_based_figure2/3), not
@@ -35,7 +36,8 @@ from attn_lab.reporting.verdicts import Design, Finding, verdict_table
 
 LENGTHS = [(64, 4), (128, 8), (256, 16)]  # (T, N): Zoology Figure 2's first three
 QUICK_LENGTHS = LENGTHS[:2]  # T=256 does not fit 30 CPU minutes (see get_experiment)
-CHUNK = 64  # causal linear / Performer scan chunk: at T=256 twice the steps/s of the default 256 on 2 CPU cores
+CHUNK = 64  # causal linear / Performer chunk: each chunk does a masked quadratic form, so at T <= 256 the default
+#             256 would be one whole-sequence quadratic form (the O(T^2) work linear attention exists to avoid)
 KERNELS = {  # row name -> overrides (local-w: a causal window of w keys, the query and the w - 1 before it)
     "dense": {"model.attention.name": "dense"},
     "local-8": {"model.attention.name": "local", "model.attention.local.window": 8},
