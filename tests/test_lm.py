@@ -211,3 +211,40 @@ def test_bad_lm_configs_are_one_line(override, message, tmp_path):
     with pytest.raises(ValueError) as e:
         validate_config(c)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_lm_trains_with_gates_diversity_and_grouped_heads_and_the_head_analysis_runs_on_it(tmp_path):
+    """The whole lab on the decoder-only model, as a user runs it: MQAR with grouped key/value heads, L0 head gates
+    and an output-diversity term in the loss, then ``python -m attn_lab.analysis`` (importance, ablations, pruning
+    curve, diagnostics, structural pruning, gates) on the finished run -- every report is about the LM's one
+    attention kind, ``decoder_self``, with its layers x heads shape."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from attn_lab.train.trainer import train_and_evaluate
+
+    c = load_config("mqar", "quick")
+    c.task.update(data_dir=str(tmp_path / "d"), vocab_size=24, seq_len=16, num_kv_pairs=2, num_train=64,
+                  num_validation=16, num_test=16)
+    c.model.update(num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=32)
+    c.heads.gates.update(enabled=True, l0=0.01)
+    c.loss.diversity.output.weight = 0.1
+    c.train.update(num_steps=2, batch_size=8, log_every=1, eval_every=2, checkpoint_every=2)
+    c.wandb.mode = "disabled"
+    results = train_and_evaluate(c, str(tmp_path / "run"))
+    assert np.isfinite(results["final"]["test"]["loss"])
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "attn_lab.analysis", "--workdir", str(tmp_path / "run"),
+                           "--max-batches", "1", "--prune-fraction", "0.5", "--gate-targets", "0.5", "--gate-steps",
+                           "2", "--speed-batch", "4"], capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "run" / "analysis"
+    assert np.asarray(json.loads((out / "importance.json").read_text())["decoder_self"]).shape == (2, 4)
+    assert len(json.loads((out / "ablate.json").read_text())["all_but_one"]["decoder_self"]) == 2
+    assert set(json.loads((out / "diagnose.json").read_text())) == {"decoder_self/0", "decoder_self/1"}
+    structural = json.loads((out / "structural.json").read_text())  # grouped heads: masked pruning only, said so
+    assert "decoder_self has grouped key/value heads" in structural["skipped"] and "structural: skipped" in proc.stdout
+    assert {"importance", "random"} <= set(json.loads((out / "prune.json").read_text()))
+    assert [g["target"] for g in json.loads((out / "gates.json").read_text())] == [1.0, 0.5]

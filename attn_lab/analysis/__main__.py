@@ -176,7 +176,15 @@ def prune_step(a: Any) -> None:
 
 
 def structural_step(a: Any) -> None:
-    """Removes the least important heads physically and times the forward pass against the full model."""
+    """Removes the least important heads physically and times the forward pass against the full model (skipped, with
+    a line and the reason in structural.json, for grouped key/value heads: see ``structural.grouped_kinds``)."""
+    grouped = a.structural.grouped_kinds(a.merge(a.run.graphdef, a.run.state))
+    if grouped:
+        reason = (f"{', '.join(grouped)} has grouped key/value heads (num_kv_heads < num_heads); structural pruning "
+                  "removes heads of full multi-head attention only -- the masked pruning curve ('prune') covers it")
+        a.write("structural.json", {"skipped": reason})
+        print(f"structural: skipped: {reason}")
+        return
     imp = a.importance.head_importance(a.run.state, a.batches, a.shapes, a.importance_sums, normalize=True)
     masks = a.pruning.prune_masks(imp, a.args.structural_percent)
     report = a.structural.speed_report(a.run.graphdef, a.run.state, masks,

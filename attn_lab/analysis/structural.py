@@ -47,6 +47,12 @@ def prune_model(model: nnx.Module, masks: dict[str, np.ndarray]) -> nnx.Module:
     return pruned
 
 
+def grouped_kinds(model: nnx.Module) -> list[str]:
+    """The attention kinds with grouped key/value heads (``num_kv_heads < num_heads``): removing some query heads of
+    a group would leave groups of unequal size, which the module cannot hold, so they are pruned by masking only."""
+    return list(dict.fromkeys(kind for kind, _, attn in attention_layers(model) if attn.num_kv_heads < attn.num_heads))
+
+
 def heads_left(model: nnx.Module) -> dict[str, list[int]]:
     """Attention kind -> number of heads per layer."""
     out: dict[str, list[int]] = {}
