@@ -314,3 +314,53 @@ def test_make_tables_without_a_report_in_the_experiment_is_one_line(tmp_path):
     assert proc.returncode != 0
     assert proc.stderr == f"error: {experiment} defines no report(rows, sweep_dir, exp, out_dir, bench); add one " \
                           "(experiments/*.py)\n"
+
+
+def test_recall_report_judges_the_four_findings_from_paired_seeds(tmp_path):
+    """Hand-built recall per kernel, length and seed: dense near 1.0 everywhere, linear and Performer falling by
+    0.5 from T=64 to T=128, the 32-key window 0.4 above the 8-key one at T=128 -- every finding reproduced, with
+    the paired differences written out; the Figure-2 plot is drawn."""
+    recall = _load(os.path.join(ROOT, "experiments", "recall.py"), "experiment_recall")
+    variants = recall.get_experiment("quick")["variants"]
+    value = {("dense", 64): 1.0, ("dense", 128): 0.98, ("linear", 64): 0.8, ("linear", 128): 0.3,
+             ("performer", 64): 0.7, ("performer", 128): 0.2, ("local-8", 64): 0.5, ("local-8", 128): 0.2,
+             ("local-32", 64): 0.9, ("local-32", 128): 0.6}
+    rows = []
+    for name in variants:
+        kernel, t, _ = name.split("/")
+        for seed in (0, 1, 2):
+            rows.append({"variant": name, "seed": seed, "trial": f"variant={name},seed={seed}", "status": "ok",
+                         "test_accuracy": value[kernel, int(t[1:])] - 0.01 * seed * (kernel != "dense"),
+                         "test_loss": 0.1, "steps_per_sec": 5.0})
+    exp = Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
+                     seeds=[100, 101, 102], variants=variants,
+                     design=Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2)))
+    table, verdicts = recall.report(rows, str(tmp_path), exp, str(tmp_path))[:2]
+    assert table.header[1:3] == ["T=64, N=4", "T=128, N=8"] and (tmp_path / "recall_d64.png").exists()
+    assert ["linear", "0.790 ± 0.010 (3)", "0.290 ± 0.010 (3)", "5.0"] in table.rows
+    by_row = {row[0]: row for row in verdicts.rows}
+    solves = by_row[recall.FINDINGS["attention solves"].claim]  # worst length (T=128) minus perfect recall
+    assert solves[3].startswith("-0.020 [-0.020, -0.020]") and solves[6] == "reproduced"
+    assert by_row[recall.FINDINGS["linear falls"].claim][3].startswith("-0.500") and \
+        by_row[recall.FINDINGS["window grows"].claim][3].startswith("+0.400")
+    assert all(row[6] == "reproduced" for row in verdicts.rows)
+
+
+def test_head_count_lm_report_judges_minus_the_test_loss(tmp_path):
+    """The 'lm' preset's rows carry a test loss and no exact match: the table shows perplexity and the findings
+    are judged in minus the test loss, so one head's higher loss is the paper's 'worse'."""
+    hc = MODULES["head_count"]
+    variants = {k: v for k, v in hc.get_experiment("lm")["variants"].items() if k in ("A-h1", "A-h8", "MQA-h8")}
+    rows = [{"variant": v, "seed": s, "trial": f"variant={v},seed={s}", "status": "ok", "num_params": 1000,
+             "test_loss": 5.0 + (0.1 if v == "A-h1" else 0.0) + 0.01 * s, "steps_per_sec": 5.0}
+            for v in variants for s in (0, 1, 2)]
+    exp = Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
+                     seeds=[100, 101, 102], variants=variants,
+                     design=Design.of(hc.FINDINGS_LM, dict.fromkeys(hc.FINDINGS_LM, 0.001), "test", (0, 1, 2),
+                                      list(variants)))
+    table, verdicts = REPORTS["head_count"](rows, str(tmp_path), exp, str(tmp_path))
+    assert f"{np.mean([math.exp(5.1), math.exp(5.11), math.exp(5.12)]):.3f}" in table.markdown()
+    by_row = {row[0]: row for row in verdicts.rows}
+    one_head = by_row[hc.FINDINGS_LM["A-h1"].claim]
+    assert one_head[3].startswith("-0.100 [-0.100, -0.100]") and one_head[6] == "reproduced"
+    assert by_row[hc.FINDINGS_LM["MQA-h8"].claim][6] == "reproduced" and "minus the test loss" in verdicts.note
