@@ -197,26 +197,10 @@ def markdown(r: dict) -> str:
                                f"{100 * r['mfu']:.1f}%", f"{100 * r['hfu']:.1f}%"]]) + "\n")
 
 
-def loop_config(args: types.SimpleNamespace, data_dir: str):
-    """configs/numbers.py:quick with the --loop model, dropout 0.1 (the trainer's usual work), no W&B. ``num_steps``
-    is one more than the rounds train, so no evaluation runs (it would only cost untimed compilation); each round
-    ends with a checkpoint, outside the timed windows."""
-    c = load_config_file(f"{ROOT / 'configs' / 'numbers.py'}:quick")
-    c.task.data_dir, c.task.max_value, c.wandb.mode = data_dir, 999, "disabled"
-    c.model.update(num_layers=args.layers, d_model=args.d_model, mlp_dim=4 * args.d_model, num_heads=args.heads,
-                   dtype=args.dtype, dropout=0.1)
-    steps = args.loop_steps * args.rounds + 1
-    c.train.update(num_steps=steps, batch_size=args.batch, log_every=args.log_every, eval_every=steps,
-                   checkpoint_every=steps, max_eval_batches=1)
-    return c
-
-
-def lm_loop_config(args: types.SimpleNamespace, data_dir: str):
-    """configs/mqar.py:quick (64 tokens, 4 pairs, vocabulary 64) with the --loop model as a decoder-only LM:
-    ``args.layers`` blocks with an MLP, dropout 0.1, no W&B; steps as in :func:`loop_config`."""
-    c = load_config_file(f"{ROOT / 'configs' / 'mqar.py'}:quick")
-    c.task.update(data_dir=data_dir, vocab_size=64, seq_len=64, num_kv_pairs=4, num_train=2000, num_validation=16,
-                  num_test=16)
+def _loop_model(c, args: types.SimpleNamespace):
+    """``c`` with the --loop model (an MLP of 4 x d_model, dropout 0.1: the trainer's usual work) and the loop's
+    steps: ``num_steps`` is one more than the rounds train, so no evaluation runs (it would only cost untimed
+    compilation); each round ends with a checkpoint, outside the timed windows. No W&B."""
     c.wandb.mode = "disabled"
     c.model.update(num_layers=args.layers, d_model=args.d_model, mlp_dim=4 * args.d_model, num_heads=args.heads,
                    dtype=args.dtype, dropout=0.1)
@@ -224,6 +208,21 @@ def lm_loop_config(args: types.SimpleNamespace, data_dir: str):
     c.train.update(num_steps=steps, batch_size=args.batch, log_every=args.log_every, eval_every=steps,
                    checkpoint_every=steps, max_eval_batches=1)
     return c
+
+
+def loop_config(args: types.SimpleNamespace, data_dir: str):
+    """configs/numbers.py:quick (the encoder-decoder) with the --loop model."""
+    c = load_config_file(f"{ROOT / 'configs' / 'numbers.py'}:quick")
+    c.task.data_dir, c.task.max_value = data_dir, 999
+    return _loop_model(c, args)
+
+
+def lm_loop_config(args: types.SimpleNamespace, data_dir: str):
+    """configs/mqar.py:quick (64 tokens, 4 pairs, vocabulary 64) with the --loop model as a decoder-only LM."""
+    c = load_config_file(f"{ROOT / 'configs' / 'mqar.py'}:quick")
+    c.task.update(data_dir=data_dir, vocab_size=64, seq_len=64, num_kv_pairs=4, num_train=2000, num_validation=16,
+                  num_test=16)
+    return _loop_model(c, args)
 
 
 def compile_every_bucket(run: Run, batches: list[dict]) -> None:
