@@ -3,6 +3,7 @@ experiment's report, from sweep rows and analysis files written the way the swee
 the tables command (``python -m attn_lab.reporting``, ``scripts/make_tables.py``) tabulating any experiment file that
 defines its own report."""
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -343,7 +344,13 @@ def test_recall_report_judges_the_four_findings_from_paired_seeds(tmp_path):
     assert solves[3].startswith("-0.020 [-0.020, -0.020]") and solves[6] == "reproduced"
     assert by_row[recall.FINDINGS["linear falls"].claim][3].startswith("-0.500") and \
         by_row[recall.FINDINGS["window grows"].claim][3].startswith("+0.400")
-    assert all(row[6] == "reproduced" for row in verdicts.rows)
+    assert all(row[6] == "reproduced" for row in verdicts.rows) and len(verdicts.rows) == 6
+    design = Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2), recall.QUICK_FINDINGS)
+    quick = dataclasses.replace(exp, name="recall_quick", design=design)
+    by_row = {row[0]: row for row in recall.report(rows, str(tmp_path), quick, str(tmp_path))[1].rows}
+    assert len(by_row) == 4  # quick judges T=64 only: the shortest length is also the longest judged
+    assert by_row[recall.FINDINGS["window grows"].claim][3].startswith("+0.400") and \
+        by_row[recall.FINDINGS["linear below attention"].claim][3].startswith("-0.210")
 
 
 def test_head_count_lm_report_judges_minus_the_test_loss(tmp_path):
