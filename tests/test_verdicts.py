@@ -271,3 +271,23 @@ def test_the_designs_level_sets_the_interval_and_the_holm_threshold(tmp_path):
     half = sp.t.ppf(0.9, 4) * diff.std(ddof=1) / math.sqrt(5)
     assert tables[0.8][3] == f"{diff.mean():+.3f} [{diff.mean() - half:+.3f}, {diff.mean() + half:+.3f}] (5 seeds)"
     assert tables[0.95][6] == "inconclusive" and tables[0.8][6] == "reproduced"
+
+
+def test_tables_judge_the_registered_design_unless_asked_for_the_current_one(tmp_path):
+    """A pilot read after its findings were revised: by default the table judges what sweep.json registered (finding
+    'a'); ``judge='current'`` (make_tables --design current) judges the file's design ('z'), labelled as such."""
+    import types
+
+    from attn_lab.reporting.verdicts import verdict_table
+
+    registered = _design(0.001, a=UP)
+    (tmp_path / "sweep.json").write_text(json.dumps({"experiment": str(tmp_path / "exp.py:quick"), "registration": {
+        "experiment_sha256": "0" * 64, "seeds": [10, 11, 12], "overrides": {}, "design": registered.record()}}))
+    current = _design(0.001, z=DOWN)
+    diffs = {"a": Interval(0.04, 0.03, 0.05, 3, sd=0.004), "z": Interval(-0.04, -0.05, -0.03, 3, sd=0.004)}
+    old = verdict_table(current, diffs, "m", str(tmp_path), types.SimpleNamespace(seeds=[10, 11, 12]))
+    assert [row[6] for row in old.rows] == ["reproduced"] and "Registered when the sweep started" in old.note
+    new = verdict_table(current, diffs, "m", str(tmp_path),
+                        types.SimpleNamespace(seeds=[10, 11, 12], judge="current"))
+    assert [row[6] for row in new.rows] == ["reproduced (current design)"]
+    assert "current design (--design current)" in new.note and "never a verdict" in new.note

@@ -30,6 +30,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "A sweep folder (python -m attn_
 _OUT = flags.DEFINE_string("out", None, "Output folder (default <workdir>/tables).")
 _BENCH = flags.DEFINE_string("bench", "bench/attention.csv", "variants: scripts/bench_attention.py's CSV (used if "
                              "it exists).")
+_DESIGN = flags.DEFINE_enum("design", "registered", ["registered", "current"], "Judge the verdicts under the design "
+                            "registered when the sweep started, or the experiment file's current one (to read a "
+                            "pilot under findings revised after it; labelled, never a verdict).")
 
 
 def main(argv: list[str]) -> int:
@@ -56,6 +59,7 @@ def main(argv: list[str]) -> int:
         seeds = (info.get("registration") or {}).get("seeds")
         if seeds:  # the seeds the sweep ran (a --seeds run, e.g. a pilot, tabulates its own trials)
             exp = dataclasses.replace(exp, seeds=[int(s) for s in seeds])
+        exp = dataclasses.replace(exp, judge=_DESIGN.value)
     except KeyError as e:
         sys.exit(f"error: --workdir={sweep_dir}: {info_path} has no key {e} (written by python -m attn_lab.sweep)")
     except (OSError, ValueError) as e:

@@ -358,15 +358,20 @@ def verdict_table(design: Design | None, diffs: Mapping[str, Interval | None], m
 
     info = read_sweep_info(sweep_dir)
     registered = (info or {}).get("registration")
-    used = registered_design(registered, design)
+    current = getattr(exp, "judge", "registered") == "current"
+    used = design if current else registered_design(registered, design)
     if used is None or not any(k in diffs for k in used.findings):
         return None
     seeds = list((registered or {}).get("seeds") or getattr(exp, "seeds", []))
     judged = judge(used, diffs, len(seeds))
     path = ((info or {}).get("experiment") or "").rsplit(":", 1)[0]
-    notes = registration_notes(design, registered, path, seeds)
+    notes = (["Judged under the experiment file's current design (--design current), not the one registered when "
+              "the sweep started: a reading of a finished run under revised findings, never a verdict."] if current
+             else registration_notes(design, registered, path, seeds))
     if set(seeds) & set(used.pilot_seeds):  # a pilot: shown, never a verdict
         judged = [dataclasses.replace(j, verdict=f"{j.verdict} (pilot)") for j in judged]
+    elif current:
+        judged = [dataclasses.replace(j, verdict=f"{j.verdict} (current design)") for j in judged]
     return Table(title, VERDICT_HEADER, verdict_rows(judged), verdict_note(judged, metric, notes))
 
 

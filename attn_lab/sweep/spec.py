@@ -77,6 +77,7 @@ class Experiment:
     analyze: dict[str, Any] = dataclasses.field(default_factory=dict)
     report_fn: Any = None  # the experiment file's ``report`` function, if it defines one
     design: Design | None = None  # what the preset promises before it runs (attn_lab.reporting.verdicts)
+    judge: str = "registered"  # tables: judge the design registered in sweep.json, or 'current': the file's own
 
     def trials(self) -> list[Trial]:
         """Every combination of the axes and seeds, named from its swept values."""
