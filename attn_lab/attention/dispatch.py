@@ -186,15 +186,21 @@ def cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, key_v
     return jnp.where((lengths == 0)[:, None, None, None], mean, out)  # (B, T, N, H)
 
 
+def _module_at(root: Any, path: tuple) -> Any:
+    """``root.<path>``: attributes for names, indexing for ints (a site's path, read as ``models.sites.resolve``)."""
+    for part in path:
+        root = root[part] if isinstance(part, int) else getattr(root, part)
+    return root
+
+
 def _attention_modules(model: nnx.Module) -> list[tuple[str, Any, dict[str, Any]]]:
     """``(kind, MultiHeadAttention, how it is called)`` for a registered model's attention sites (its ``ATTENTION``
     declares each kind's mask and causality); any other module reports each attention under its path."""
-    if hasattr(model, "sites"):
-        from attn_lab.models import attention_layers  # models build on attention: imported when used
-
+    if hasattr(model, "sites"):  # read by duck type: attention sits below models and never imports them
         specs = type(model).ATTENTION
-        return [(kind, attn, {"mask": specs[kind].mask, "is_causal": specs[kind].causal})
-                for kind, _, attn in attention_layers(model)]
+        return [(site.kind, _module_at(model, site.path), {"mask": specs[site.kind].mask,
+                                                           "is_causal": specs[site.kind].causal})
+                for site in model.sites()]
     return [(".".join(map(str, path)) or "attention", node, DEFAULT_CALL) for path, node in nnx.iter_graph(model)
             if isinstance(node, MultiHeadAttention)]
 
