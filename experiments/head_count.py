@@ -139,7 +139,9 @@ FINDINGS_LM = {
                           "not_worse", LM_MARGIN),
 }
 LM_PILOT = "experiments/head_count.py:lm --seeds 0,1,2,3,4 (docs/head_count.md, pilot)"
-LM_SD = None  # filled from the pilot (docs/head_count.md)
+# Pilot: python scripts/sweep.py --experiment experiments/head_count.py:lm --workdir runs/pilot/head_count_lm \
+#   --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 (25.7 min on 2 CPU cores, partly shared); 'sd: run' of its table:
+LM_SD = {"A-h1": 0.005, "A-h16": 0.005, "MQA-h8": 0.010, "GQA-h8-kv2": 0.003}
 
 
 def design(sd: dict | None = None, rows=FINDINGS) -> Design:
