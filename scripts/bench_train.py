@@ -314,6 +314,15 @@ def median_seconds(fn: Any, args: tuple, repeats: int, budget: float = 1.0) -> t
 DECODE_VOCAB, DECODE_SOURCE_LENGTH = 1000, 32
 
 
+def cached_vs_uncached(cached: Any, uncached: Any, args: tuple, repeats: int) -> dict:
+    """Median seconds of the KV-cache and the re-running decoder on the same inputs, their ratio, and whether they
+    produced the same tokens (``(B, length)`` each)."""
+    t_cached, ids = median_seconds(cached, args, repeats)
+    t_uncached, ids_uncached = median_seconds(uncached, args, repeats)
+    return {"cached_seconds": t_cached, "uncached_seconds": t_uncached, "cached_speedup": t_uncached / t_cached,
+            "same_tokens": bool((np.asarray(ids) == np.asarray(ids_uncached)).all())}
+
+
 def bench_decode(args: types.SimpleNamespace, vocab: int = DECODE_VOCAB,
                  source_length: int = DECODE_SOURCE_LENGTH) -> list[dict]:
     """Per target length: seconds to greedy-decode one batch with the KV cache and by re-running the decoder."""
@@ -324,11 +333,7 @@ def bench_decode(args: types.SimpleNamespace, vocab: int = DECODE_VOCAB,
     rows = []
     for length in lengths:
         cached, uncached = (compile_decode(graphdef, length, cached=c) for c in (True, False))
-        t_cached, ids = median_seconds(cached, (state, inputs), args.repeats)  # ids: (B, length)
-        t_uncached, ids_uncached = median_seconds(uncached, (state, inputs), args.repeats)
-        rows.append({"length": length, "cached_seconds": t_cached, "uncached_seconds": t_uncached,
-                     "cached_speedup": t_uncached / t_cached,
-                     "same_tokens": bool((np.asarray(ids) == np.asarray(ids_uncached)).all())})
+        rows.append({"length": length, **cached_vs_uncached(cached, uncached, (state, inputs), args.repeats)})
     return rows
 
 
@@ -351,11 +356,8 @@ def bench_generate(args: types.SimpleNamespace, vocab: int = DECODE_VOCAB) -> li
     key, rows = jax.random.key(0), []
     for length in lengths:
         cached, uncached = (compile_generate(graphdef, length - prompt_length, cached=c) for c in (True, False))
-        t_cached, ids = median_seconds(cached, (state, prompt, key), args.repeats)  # ids: (B, length)
-        t_uncached, ids_uncached = median_seconds(uncached, (state, prompt, key), args.repeats)
-        rows.append({"length": length, "prompt_length": prompt_length, "cached_seconds": t_cached,
-                     "uncached_seconds": t_uncached, "cached_speedup": t_uncached / t_cached,
-                     "same_tokens": bool((np.asarray(ids) == np.asarray(ids_uncached)).all())})
+        rows.append({"length": length, "prompt_length": prompt_length,
+                     **cached_vs_uncached(cached, uncached, (state, prompt, key), args.repeats)})
     return rows
 
 
