@@ -5,9 +5,21 @@ Each raises a one-line ValueError naming the key, the value and what is allowed,
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
-from typing import Any
+from typing import Any, Callable
+
+
+class RunError(RuntimeError):
+    """A run that cannot start or go on, said in one line (the commands print it and exit 1)."""
+
+
+def describe(error: BaseException) -> str:
+    """``'<ExceptionName>: <first line>'`` of an error, short enough for a one-line message."""
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first[:160]}{'...' if len(first) > 160 else ''}"
+
 
 SEEDS = range(2**32)  # the data pipeline's shuffle seeds (grain) take [0, 2**32 - 1]
 
@@ -37,3 +49,53 @@ def check_writable(path: str, key: str) -> None:
         raise ValueError(f"{key}='{path}'{where} is a file, not a folder")
     if not _can_write(existing):
         raise ValueError(f"{key}='{path}'{where} is not writable")
+
+
+TYPES = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A scalar config key's type, what is allowed (for the message) and its test; ``optional``: None (unset)
+    passes. Config sections declare one per key beside its default (see attn_lab/train/config.py)."""
+
+    kind: type
+    allowed: str = ""
+    test: Callable[[Any], bool] = lambda v: True
+    optional: bool = False
+    choices: tuple[str, ...] = ()  # a fixed set of values (then ``allowed`` and ``test`` are not used)
+
+
+def _has_type(value: Any, kind: type) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    kinds = (int, float) if kind is float else kind  # an integer is a number
+    return isinstance(value, kinds) and not isinstance(value, bool)
+
+
+def check_value(key: str, value: Any, rule: Rule) -> None:
+    """One line ``<key> must be <what is allowed>, got <value>`` unless ``value`` passes ``rule``."""
+    if value is None and rule.optional:
+        return
+    if rule.choices:
+        if value not in rule.choices:
+            raise ValueError(f"{key}='{value}' is not one of: {', '.join(rule.choices)}")
+        return
+    if not _has_type(value, rule.kind):
+        raise ValueError(f"{key} must be {TYPES[rule.kind]}{' or unset' if rule.optional else ''}, got {value!r}")
+    if not rule.test(value):
+        raise ValueError(f"{key} must be {rule.allowed}, got {value!r}")
+
+
+def check_values(prefix: str, section: Any, rules: dict[str, Rule]) -> None:
+    """:func:`check_value` for each ``rules`` key of ``section`` (a ConfigDict), named ``<prefix>.<key>``."""
+    for key, rule in rules.items():
+        check_value(f"{prefix}.{key}" if prefix else key, section[key], rule)
+
+
+POSITIVE_INT = Rule(int, "positive", lambda v: v > 0)
+OPTIONAL_POSITIVE_INT = Rule(int, "positive", lambda v: v > 0, optional=True)
+POSITIVE = Rule(float, "positive", lambda v: v > 0)
+NON_NEGATIVE = Rule(float, ">= 0", lambda v: v >= 0)
+FRACTION = Rule(float, "in [0, 1)", lambda v: 0 <= v < 1)
+BOOL, STR, OPTIONAL_STR = Rule(bool), Rule(str), Rule(str, optional=True)

@@ -24,6 +24,7 @@ import os
 
 import numpy as np
 
+from attn_lab import results
 from attn_lab.reporting.tables import (
     Table,
     column,
@@ -143,7 +144,7 @@ def _per_kind(sweep_dir: str, group: list[dict], stat: str) -> dict[str, list[fl
     out: dict[str, list[float]] = {}
     for row in group:
         trial = os.path.join(sweep_dir, row["trial"])
-        layers = (_read(os.path.join(trial, "results.json")).get("learned", {}) if stat != "zeros"
+        layers = (results.learned_in(trial) if stat != "zeros"
                   else _read(os.path.join(trial, "analysis", "diagnose.json")))
         for name, values in layers.items():
             if stat in values:
@@ -185,7 +186,7 @@ def _run_spans(groups: dict, sweep_dir: str) -> list[tuple[str, dict[str, np.nda
     """(seed, {layer: per-head spans}) of every finished adaptive-span trial."""
     out = []
     for row in groups.get("adaptive_span", []):
-        learned = _read(os.path.join(sweep_dir, row["trial"], "results.json")).get("learned", {})
+        learned = results.learned_in(os.path.join(sweep_dir, row["trial"]))
         out.append((row["trial"].rsplit("seed=", 1)[-1], {k: np.asarray(v["span"]) for k, v in learned.items()}))
     return out
 

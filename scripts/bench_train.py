@@ -19,7 +19,7 @@ at the chosen dtype).
 
   python scripts/bench_train.py --loop --out bench/loop
 
-- ``trainer_over_bare``: steady-state steps/s of the real trainer loop (``trainer._train_loop`` on a ``Run`` of the
+- ``trainer_over_bare``: steady-state steps/s of the real trainer loop (``loop.train_loop`` on a ``Run`` of the
   numbers task: prefetch, metric syncs at log steps, logging) over the same compiled train step called in a tight
   loop on the same batches, already on the device, with one ``block_until_ready`` at the end. Every shape bucket is
   compiled before either is timed, and the trainer's steady speed is its steps after the first log window, as in
@@ -57,9 +57,10 @@ from attn_lab.sweep.spec import load_config_file
 from attn_lab.train.config import base_config
 from attn_lab.train.decode import compile_decode
 from attn_lab.train.generate import compile_generate
+from attn_lab.train.loop import train_loop  # the trainer's own loop, timed as a run uses it
 from attn_lab.train.seeds import stack, stack_batches
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, model_state
-from attn_lab.train.trainer import Run, _train_loop  # the trainer's own loop, timed as a run uses it
+from attn_lab.train.trainer import Run
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -253,7 +254,7 @@ def bare_steps_per_sec(run: Run, batches: list[dict]) -> float:
 def bench_trainer(args: types.SimpleNamespace, make_config=loop_config) -> dict:
     """Steady steps/s of the trainer loop and of the bare step on the same batches, alternated for ``--rounds``.
 
-    Round r trains steps ``[r n + 1, (r + 1) n]`` with the trainer loop (one ``_train_loop`` call that stops there,
+    Round r trains steps ``[r n + 1, (r + 1) n]`` with the trainer loop (one ``train_loop`` call that stops there,
     as an interrupted run would; its first log window is warm-up, as in results.json), then runs the bare step over
     the batches of that round's steady steps. Alternating keeps a machine whose load drifts (a shared CPU) from
     favouring one side; ``trainer_over_bare`` is the median of the rounds' ratios (each round's is ``ratio``).
@@ -267,7 +268,7 @@ def bench_trainer(args: types.SimpleNamespace, make_config=loop_config) -> dict:
             batches = [stack_batches([d[i] for d in datasets]) for i in range(n * args.rounds)]  # step s: [s - 1]
             compile_every_bucket(run, batches)
             for r in range(args.rounds):
-                stats = _train_loop(run, stop_after=(r + 1) * n)
+                stats = train_loop(run, stop_after=(r + 1) * n)
                 run.start_step = stats.step  # the next round continues from here, as a resumed run would
                 bare = bare_steps_per_sec(run, batches[r * n + args.log_every:(r + 1) * n])
                 trainer = stats.steady_steps / stats.steady_seconds

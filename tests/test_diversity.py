@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from attn_lab.attention.dense import DenseAttention
-from attn_lab.train import diversity
+from attn_lab.objectives import configured, diversity
 from attn_lab.train.config import base_config, validate_config
 
 N, T = 4, 6
@@ -72,7 +72,7 @@ def test_subspace_repeats_shared_value_heads_per_query_head():
     np.testing.assert_array_equal(repeated[:, :, 3], values[:, :, 1])
 
 
-@pytest.mark.parametrize("name", diversity.REGULARIZERS)
+@pytest.mark.parametrize("name", tuple(diversity.REGULARIZERS))
 def test_gradients_are_finite_even_for_zero_heads(name):
     maps = jax.nn.softmax(jax.random.normal(jax.random.key(1), (2, N, T, T)), -1).at[:, 0].set(0.0)
     heads = jax.random.normal(jax.random.key(2), (2, T, N, 3)).at[:, :, 1].set(0.0)
@@ -96,11 +96,11 @@ def _config():
 def _tiny(make, name, weight):
     c = _config()
     c.loss.diversity[name].weight = weight
-    step, state, batch, _ = make(c, diversity=c.loss.diversity)
+    step, state, batch, _ = make(c, objectives=configured(c))
     return step, state, batch
 
 
-@pytest.mark.parametrize("name", diversity.REGULARIZERS)
+@pytest.mark.parametrize("name", tuple(diversity.REGULARIZERS))
 def test_total_loss_is_task_loss_plus_weighted_term_and_the_term_pushes_heads_apart(name, tiny_step):
     """From the same start, 15 steps with weight 5 end with a lower term than 15 steps with a negligible weight."""
     ends = {}
@@ -133,7 +133,7 @@ def test_off_by_default_and_bad_settings_are_one_line():
     class NoMaps(DenseAttention):  # a kernel that cannot materialize its attention matrix (not registered)
         supports_weights = False
 
-    dcfg = diversity.default_config()
+    dcfg = diversity.Diversity().default_config()
     dcfg.position.weight = 1.0
     kernel = NoMaps(num_heads=2, num_kv_heads=2, head_dim=4)
     with pytest.raises(ValueError, match="loss.diversity.position needs attention maps"):

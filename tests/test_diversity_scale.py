@@ -13,7 +13,7 @@ import numpy as np
 from flax import nnx
 
 from attn_lab.models import Ctx, attention_layers, build_model
-from attn_lab.train import diversity
+from attn_lab.objectives import diversity
 from attn_lab.train.config import base_config
 
 

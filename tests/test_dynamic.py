@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from attn_lab.models import attention_layers, build_model
+from attn_lab.objectives import configured
 from attn_lab.train import diagnostics, learned
 from attn_lab.train.config import base_config, validate_config
 
@@ -35,7 +36,7 @@ def test_span_penalty_is_weight_times_sum_over_layers_of_mean_span_and_shrinks_s
     """total = task loss + w * sum_layers mean_heads z (Sukhbaatar et al.), z written out from the parameters."""
     c = _config("adaptive_span", max_span=16, ramp=2.0, init_span=0.5)
     c.loss.span.weight = 0.05
-    step, state, batch, _ = tiny_step(c, max_len=17, length=16, loss_cfg=c.loss)
+    step, state, batch, _ = tiny_step(c, max_len=17, length=16, objectives=configured(c))
     fractions = [v for path, v in jax.tree_util.tree_leaves_with_path(state["params"])
                  if "span_fraction" in jax.tree_util.keystr(path)]
     assert len(fractions) == 4  # encoder self x2, decoder self x2 (cross stays dense)
@@ -50,7 +51,7 @@ def test_span_penalty_is_weight_times_sum_over_layers_of_mean_span_and_shrinks_s
 
 def test_no_penalty_term_without_weight(tiny_step):
     c = _config("adaptive_span", max_span=16, ramp=2.0)
-    step, state, batch, _ = tiny_step(c, max_len=17, length=16, loss_cfg=c.loss)
+    step, state, batch, _ = tiny_step(c, max_len=17, length=16, objectives=configured(c))
     _, metrics = step(state, batch)
     assert "span/penalty" not in metrics and "total_loss" not in metrics
 

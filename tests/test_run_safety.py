@@ -17,8 +17,9 @@ import sys
 import pytest
 from test_logging_checkpoint import _assert_state_equal, _state
 
+from attn_lab import results as results_lib
 from attn_lab.train import trainer
-from attn_lab.train.checkpoint import Checkpointer, CheckpointError
+from attn_lab.train.checkpoint import Checkpointer, CheckpointError, restore_common
 from attn_lab.train.trainer import Run, TaskError, train_and_evaluate
 from attn_lab.train.workdir import WorkdirBusy, WorkdirLock
 from tests.helpers import ROOT, tiny_numbers
@@ -57,7 +58,7 @@ def finished(tmp_path_factory, data_dir):
     workdir = str(tmp_path_factory.mktemp("finished") / "run")
     config = tiny_numbers(data_dir)
     config.compile_cache = ""
-    real_write = trainer.write_json_atomic
+    real_write = results_lib.write_json_atomic
 
     def killed_at_results(path, obj):
         if str(path).endswith("results.json"):
@@ -65,7 +66,7 @@ def finished(tmp_path_factory, data_dir):
         real_write(path, obj)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trainer, "write_json_atomic", killed_at_results)
+        mp.setattr(results_lib, "write_json_atomic", killed_at_results)
         with pytest.raises(_Killed):
             train_and_evaluate(config, workdir)
     assert not os.path.exists(os.path.join(workdir, "results.json")) and len(_test_lines(workdir)) == 1
@@ -208,7 +209,7 @@ def test_seeds_resume_from_their_newest_common_intact_step(tmp_path, capsys, dam
             f.write_bytes(f.read_bytes()[:10])
     else:
         (data / "manifest.ocdbt").unlink()
-    states, step = trainer._restore(ckpts, [_state(0), _state(0)], main=True)
+    states, step = restore_common(ckpts, [_state(0), _state(0)], main=True)
     assert step == 1
     for state in states:
         _assert_state_equal(state, _state(1))

@@ -42,6 +42,7 @@ def main(argv: list[str]) -> int:
     main_args(argv)
     if _WORKDIR.value is None:
         sys.exit("error: --workdir is required (a sweep folder)")
+    from attn_lab.checks import RunError
     from attn_lab.io import write_text_atomic
     from attn_lab.reporting.tables import write_tables
     from attn_lab.sweep.runner import collect
@@ -68,7 +69,10 @@ def main(argv: list[str]) -> int:
     if exp.report_fn is None:
         sys.exit(f"error: {path} defines no report(rows, sweep_dir, exp, out_dir, bench); add one (experiments/*.py)")
     name = pathlib.Path(path).stem  # tables/<name>.md
-    rows = collect(exp, sweep_dir)
+    try:
+        rows = collect(exp, sweep_dir)
+    except RunError as e:  # a trial's results.json cannot be read
+        sys.exit(f"error: {e}")
     if not any(r["status"] in ("ok", "skipped") for r in rows):
         sys.exit(f"error: --workdir={sweep_dir}: no finished trial")
     bench = None
@@ -89,15 +93,12 @@ def main(argv: list[str]) -> int:
 
 def _environments(sweep_dir: str, rows: list[dict]) -> list[str]:
     """One line per distinct environment (versions, devices, commit) among the finished trials' results.json."""
+    from attn_lab import results
     from attn_lab.environment import summarize
 
-    blocks = []
-    for row in rows:
-        path = os.path.join(sweep_dir, row["trial"], "results.json")
-        if row["status"] in ("ok", "skipped") and os.path.exists(path):
-            with open(path) as f:
-                blocks.append(json.load(f).get("environment"))
-    return summarize(blocks)
+    finished = [results.finished_results(os.path.join(sweep_dir, row["trial"])) for row in rows
+                if row["status"] in ("ok", "skipped")]
+    return summarize([results.environment(record) for record in finished if record is not None])
 
 
 def run() -> None:

@@ -17,14 +17,14 @@ key, the seed) stops the sweep before it starts.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import sys
 
 from absl import flags
 
-from attn_lab.checks import check_seed, check_writable
+from attn_lab import results
+from attn_lab.checks import RunError, check_seed, check_writable
 from attn_lab.cli import (
     DEFINE_integer_list,
     check_config_overrides,
@@ -90,15 +90,10 @@ def _check_workdir(exp: Experiment, workdir: str) -> None:
     those trials and tabulates them at the end)."""
     check_writable(workdir, "--workdir")
     for trial in exp.trials():
-        path = os.path.join(workdir, trial.name, "results.json")
-        if not os.path.exists(path):
-            continue
         try:
-            with open(path) as f:
-                json.load(f)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path} cannot be read ({type(e).__name__}: {str(e)[:80]}); delete it to rerun the "
-                             "trial") from None
+            results.finished_results(os.path.join(workdir, trial.name))
+        except RunError as e:
+            raise ValueError(f"{e}; or delete it to rerun the trial") from None
 
 
 def _load() -> tuple[Experiment, list[Trial]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import concurrent.futures
 import csv
 import io
-import json
 import os
 import pathlib
 import re
@@ -21,6 +20,7 @@ import subprocess
 import sys
 from typing import Any
 
+from attn_lab import results
 from attn_lab.io import write_text_atomic
 from attn_lab.markdown import markdown_table
 from attn_lab.sweep.spec import Experiment, Trial
@@ -70,7 +70,7 @@ def run_group(exp: Experiment, group: list[Trial], workdir: str, extra: list[str
 
     Returns trial name -> 'ok', 'skipped' or 'failed: <last error line>'.
     """
-    done = [t for t in group if os.path.exists(os.path.join(workdir, t.name, "results.json"))]
+    done = [t for t in group if results.is_finished(os.path.join(workdir, t.name))]
     todo = [t for t in group if t not in done]
     statuses = {t.name: "skipped" for t in done}
     if todo:
@@ -157,7 +157,7 @@ def failed_status(lines: list[str]) -> str:
 def recorded_status(trial_dir: str) -> str:
     """A trial's status from its folder alone (no sweep process to ask): 'ok' with results.json, its error line
     with error.txt, else 'not run'."""
-    if os.path.exists(os.path.join(trial_dir, "results.json")):
+    if results.is_finished(trial_dir):
         return "ok"
     error = os.path.join(trial_dir, "error.txt")
     if not os.path.exists(error):
@@ -187,16 +187,10 @@ def collect(exp: Experiment, workdir: str, statuses: dict[str, str] | None = Non
     for trial in exp.trials():
         row = {k.split(".")[-1]: trial.point[k] for k in exp.swept_keys()}
         row["trial"] = trial.name
-        results_path = os.path.join(workdir, trial.name, "results.json")
-        if os.path.exists(results_path):
-            with open(results_path) as f:
-                res = json.load(f)
+        record = results.finished_results(os.path.join(workdir, trial.name))
+        if record is not None:
             row["status"] = (statuses or {}).get(trial.name, "ok")
-            row.update({f"test_{k}": v for k, v in res["final"]["test"].items()})
-            row.update({f"best_val_{k}": v for k, v in res["best"].items()})
-            # steps/s of the tables: steady state (compilation excluded) where the run recorded it
-            speed = res.get("steady_steps_per_sec") or res["steps_per_sec"]
-            row.update(num_params=res["num_params"], steps=res["steps"], steps_per_sec=speed)
+            row.update(results.summary_row(record))
         else:
             row["status"] = (statuses or {}).get(trial.name) or recorded_status(os.path.join(workdir, trial.name))
         rows.append(row)

@@ -15,13 +15,13 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
-from attn_lab.checks import check_seed
+from attn_lab import results
+from attn_lab.checks import RunError, check_seed
 from attn_lab.cli import DEFINE_integer_list, main_args, run_entry_point
 from attn_lab.train.config import check_parallel, check_workdirs, validate_config
 from attn_lab.train.parallel import initialize_distributed
 from attn_lab.train.seeds import seed_workdirs
 from attn_lab.train.trainer import reevaluate_seeds, train_seeds
-from attn_lab.train.workdir import RunError, finished_results
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, optionally with ':preset'.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (metrics, checkpoints, W&B, results.json).")
@@ -52,14 +52,13 @@ def main(argv: list[str]) -> int:
             for path in reevaluate_seeds(config, workdirs, seeds):
                 print(f"wrote {path}")
             return 0
-        finished = [finished_results(w) is not None for w in workdirs]  # said by the trainer, not printed again
+        finished = [results.finished_results(w) is not None for w in workdirs]  # said by the trainer, not printed again
         all_results = train_seeds(config, workdirs, seeds)
     except (FloatingPointError, RunError) as e:  # non-finite loss: the last good checkpoint is kept
         sys.exit(f"error: {e}")
-    keys = ("final", "best", "num_params", "steps", "wall_time_sec", "steps_per_sec")
-    for workdir, results, done in zip(workdirs, all_results, finished):
+    for workdir, record, done in zip(workdirs, all_results, finished):
         if not done:
-            print(json.dumps({"workdir": workdir, **{k: results[k] for k in keys if k in results}}, indent=2))
+            print(json.dumps(results.printed(workdir, record), indent=2))
     return 0
 
 

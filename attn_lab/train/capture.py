@@ -42,14 +42,16 @@ def as_layers(captured: dict) -> dict[str, dict[str, np.ndarray]]:
 
 
 def track_summary(layers: dict[str, dict[str, np.ndarray]]) -> dict[str, float]:
-    """Scalars to log per layer: per-head normalized entropy, layer means and the number of flagged heads."""
+    """Scalars to log per layer: the :data:`~attn_lab.train.diagnostics.HEAD_STATS` training tracks (per head, e.g.
+    normalized entropy, or as the layer's mean), between-head means and the number of flagged heads."""
     out = {}
     for name, c in layers.items():
         report = diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"], c.get("valid_queries"))
-        for i, value in enumerate(report["entropy"]):
-            out[f"heads/{name}/entropy/h{i}"] = value
-        for key in ("distance", "self", "zeros"):
-            out[f"heads/{name}/{key}"] = float(np.mean(report[key]))
+        for key, tracked in diagnostics.HEAD_STATS.items():
+            if tracked == "head":
+                out.update({f"heads/{name}/{key}/h{i}": value for i, value in enumerate(report[key])})
+            elif tracked == "mean":
+                out[f"heads/{name}/{key}"] = float(np.mean(report[key]))
         out.update({f"heads/{name}/{key}": report[key] for key in ("mean_js", "mean_similarity")})
         out.update({f"heads/{name}/{flag}_heads": float(len(report["flags"][flag])) for flag in ("dead", "duplicate")})
     return out

@@ -1,4 +1,4 @@
-"""Checkpointing of training state with Orbax.
+"""Checkpointing of training state with Orbax, and the restore policy of a resumed run (:func:`restore_common`).
 
 Typed PRNG keys (``jax.random.key``) are not supported well by Orbax; callers
 store the raw ``uint32`` key data instead and rebuild the key on restore::
@@ -18,9 +18,10 @@ import sys
 import time
 from typing import Any, Iterator
 
+import jax
 import orbax.checkpoint as ocp
 
-from attn_lab.train.workdir import RunError, describe
+from attn_lab.checks import RunError, describe
 
 CORRUPT = ".corrupt-"  # '<step>.corrupt-<time>': a step set aside; orbax lists only integer names, so it is ignored
 
@@ -45,6 +46,10 @@ def _drop_abandoned_reads() -> None:
 
 class CheckpointError(RunError):
     """No checkpoint a run could resume from is intact."""
+
+
+class ResumeError(RunError):
+    """The seeds' checkpoints share no step to resume from (their folders were edited by hand)."""
 
 
 @contextlib.contextmanager
@@ -176,3 +181,45 @@ class Checkpointer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def restore_common(ckpts: list[Checkpointer], states: list[dict], main: bool) -> tuple[list[dict], int]:
+    """Each seed's state at the newest step every seed has an intact checkpoint of (seeds save together), or fresh.
+
+    A step some seed cannot read (a truncated or missing file) is set aside as ``<step>.corrupt-<time>`` -- kept,
+    never deleted -- with one line saying so, and the run resumes from the next older common step. When no common
+    step can be read (all damaged, or a changed config: then every step fails) the run stops with one line and
+    nothing is renamed.
+    """
+    have = [set(c.all_steps()) for c in ckpts]
+    if not any(have):
+        return states, 0
+    common = sorted(set.intersection(*have), reverse=True)
+    if not common:
+        raise ResumeError(f"the seeds' checkpoints share no step ({[sorted(h) for h in have]}); "
+                          "delete the checkpoints folders to start again")
+    unreadable: list[tuple[Checkpointer, int, str]] = []
+    for step in common:
+        attempts = [c.try_restore(s, step) for c, s in zip(ckpts, states)]
+        unreadable += [(c, step, reason) for c, (_, reason) in zip(ckpts, attempts) if reason]
+        if not any(reason for _, reason in attempts):
+            _set_aside(unreadable, step, main)
+            return [state for state, _ in attempts], step
+    found = "; ".join(f"step {s} in {c.directory}: {reason}" for c, s, reason in unreadable)
+    raise CheckpointError(f"no checkpoint to resume from can be read ({found}): damaged, or written with another "
+                          "config; move the checkpoints folder away to start again")
+
+
+def _set_aside(unreadable: list[tuple[Checkpointer, int, str]], step: int, main: bool) -> None:
+    """Renames the unreadable steps (process 0; the others list the folder again once it has) and says so."""
+    for ckpt, bad, reason in unreadable:
+        if main:
+            name = ckpt.set_aside(bad)
+            print(f"checkpoint step {bad} in {ckpt.directory} is unreadable ({reason}); set aside as {name}, "
+                  f"resuming from step {step}", flush=True)
+    if unreadable and jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("attn_lab_set_aside")
+        for ckpt, _, _ in unreadable:
+            ckpt.reload()

@@ -120,6 +120,12 @@ def flags(stats: dict[str, np.ndarray], similarity: np.ndarray, output_norm: np.
             "duplicate": [[i, int(off[i].argmax())] for i in range(n) if off[i].max() > duplicate]}
 
 
+# The per-head statistics of :func:`layer_report` named once: each is drawn as a layer x head grid by the head
+# analysis (its diagnose method) and, at every evaluation with ``config.heads.track``, logged by training as one scalar
+# per head ("head"), as the layer's mean over its heads ("mean"), or not at all (None).
+HEAD_STATS = {"entropy": "head", "distance": "mean", "self": "mean", "first": None, "zeros": "mean"}
+
+
 def layer_report(maps: np.ndarray, valid_keys: np.ndarray, head_outputs: np.ndarray,
                  valid_queries: np.ndarray | None = None) -> dict:
     """Every statistic and flag of one attention layer (JSON-ready); averages over valid query rows only."""

@@ -19,9 +19,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from attn_lab.io import write_bytes_atomic, write_json_atomic, write_text_atomic  # noqa: F401  (old import path)
+from attn_lab.results import METRICS_FILE
 
 WANDB_MODES = ("offline", "online", "disabled")
-METRICS_FILE = "metrics.jsonl"
+
 RUN_ID_FILE = "wandb_run_id.txt"
 _DEFAULT_WANDB_HOST = "https://api.wandb.ai"
 

@@ -1,4 +1,5 @@
-"""A finished run, restored: its config, task, model graph and latest checkpointed state (no logger, no W&B).
+"""A finished run, restored: its config, task, model graph and latest checkpointed state (no logger, no W&B); and
+warm starts from one (``train.init_from``: :func:`warm_start`).
 
 In ``train`` because training starts from one (``train.init_from``) and the head analysis of finished runs
 (:mod:`attn_lab.analysis`) loads them too; analysis imports it from here, so imports only point down.
@@ -7,17 +8,17 @@ In ``train`` because training starts from one (``train.init_from``) and the head
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Callable
 
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
+from flax import nnx, traverse_util
 
 from attn_lab.data import Task, load_task
 from attn_lab.models import build_model, model_class, supports_cached_decoding
+from attn_lab.results import read_config
 from attn_lab.train.checkpoint import Checkpointer
 from attn_lab.train.decode import compile_decode, split_beam_size
 from attn_lab.train.metrics import translation_scores
@@ -88,11 +89,7 @@ def with_legacy_keys(config: ml_collections.ConfigDict) -> ml_collections.Config
 
 def load_finished_run(workdir: str) -> FinishedRun:
     """Rebuilds the model from ``workdir/config.json`` and restores its latest checkpoint."""
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        raise ValueError(f"{workdir} is not a run folder (no config.json)")
-    with open(path) as f:
-        config = with_legacy_keys(ml_collections.ConfigDict(json.load(f)))
+    config = with_legacy_keys(ml_collections.ConfigDict(read_config(workdir)))
     task = load_task(config.task, config.task.data_dir)
     max_len = max(task.max_input_length, task.max_target_length or 0) + 1
     gates = config.get("heads", {}).get("gates")
@@ -109,3 +106,23 @@ def load_finished_run(workdir: str) -> FinishedRun:
     finally:
         ckpt.close()
     return FinishedRun(config, task, graphdef, state, int(step))
+
+
+def warm_start(path: str, states: list[dict], verbose: bool) -> list[dict]:
+    """Each seed's state with every parameter that the finished run in ``path`` also has (same path, same shape)
+    taken from it; parameters it lacks (e.g. new head gates) keep their initialization; the optimizer starts fresh.
+    The source run is loaded once for all seeds, its model rebuilt from its own config."""
+    source = traverse_util.flatten_dict(load_finished_run(path).state["params"])
+    out = []
+    for state in states:
+        params = traverse_util.flatten_dict(state["params"])
+        for p, v in params.items():
+            if p in source and source[p].shape != v.shape:
+                raise ValueError(f"train.init_from: parameter {'/'.join(map(str, p))} is {source[p].shape} in "
+                                 f"{path}, {v.shape} here")
+        out.append({**state, "params": traverse_util.unflatten_dict({p: source.get(p, v) for p, v in params.items()})})
+    if verbose:
+        new = sorted({"/".join(map(str, p[:2])) for p in params if p not in source})
+        print(f"init_from {path}: {sum(p in source for p in params)} of {len(params)} parameter arrays loaded"
+              + (f"; new: {', '.join(new)}" if new else ""), flush=True)
+    return out

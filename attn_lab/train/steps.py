@@ -16,9 +16,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from attn_lab import objectives as objectives_lib
 from attn_lab.models import Ctx
-from attn_lab.train import diversity as diversity_lib
-from attn_lab.train import learned as learned_lib
 from attn_lab.train import losses
 from attn_lab.train.seeds import seed_map
 
@@ -89,34 +88,23 @@ def model_state(model: nnx.Module) -> Any:
 
 
 def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTransformation, label_smoothing: float,
-               diversity: Any = None, gates: Any = None, num_steps: int = 1,
-               loss_cfg: Any = None) -> tuple[dict, dict]:
+               objectives: tuple = (), num_steps: int = 1) -> tuple[dict, dict]:
     """One optimizer step; dropout keys are ``fold_in(rng, step)`` so a resumed run replays the same noise.
 
-    ``diversity`` (``config.loss.diversity``): when any regularizer has a positive weight, the forward pass captures
-    what it needs and the loss is task loss + the weighted regularizers (:mod:`attn_lab.train.diversity`).
-    ``gates`` (``config.heads.gates``): when enabled, the loss adds the gates' sparsity term
-    (:mod:`attn_lab.models.gates`). ``loss_cfg`` (``config.loss``): penalties of kernels that learn their shape,
-    e.g. ``loss.span.weight`` for adaptive span (:mod:`attn_lab.train.learned`).
+    ``objectives``: the active loss terms and their config sections (:func:`attn_lab.objectives.configured`); the
+    forward pass captures what they need and the loss is task loss + their values, each logged under its own
+    names (plus ``total_loss``). ``num_steps``: the run's length, for terms that follow training's progress.
     """
     key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
-    regularize = diversity is not None and diversity_lib.active(diversity)
+    capture = objectives_lib.capture_mode(objectives)
 
     def loss_fn(params):
         model = merge(graphdef, state, params)
-        ctx = Ctx(deterministic=False, rngs=nnx.Rngs(dropout=key),
-                  capture=diversity_lib.needs_capture(diversity) if regularize else False)
-        logits, labels, weights = model.forward_batch(batch, ctx)
+        logits, labels, weights = model.forward_batch(batch, Ctx(deterministic=False, rngs=nnx.Rngs(dropout=key),
+                                                                 capture=capture))
         loss_sum, weight_sum = losses.cross_entropy(logits, labels, weights, label_smoothing)
         task_loss = loss_sum / jnp.maximum(weight_sum, 1.0)
-        reg, terms = (diversity_lib.regularizer(model, diversity, model.attention_rows(batch)) if regularize
-                      else (0.0, {}))
-        if getattr(model, "gates", None) is not None:  # models built without config.heads.gates have none
-            penalty, gate_terms = model.gates.penalty(gates, state["step"] / num_steps)
-            reg, terms = reg + penalty, {**terms, **gate_terms}
-        if loss_cfg is not None and learned_lib.active(loss_cfg):
-            penalty, shape_terms = learned_lib.penalty(model, loss_cfg)
-            reg, terms = reg + penalty, {**terms, **shape_terms}
+        reg, terms = objectives_lib.total(objectives, model, batch, state["step"] / num_steps)
         aux = (task_loss, terms, losses.correct(logits, labels, weights), weight_sum, model_state(model))
         return task_loss + reg, aux
 
@@ -126,8 +114,7 @@ def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTra
     new_state = {**state, "step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
                  "model_state": new_model_state, "opt_state": opt_state}
     metrics = {"loss": loss, "accuracy": hits / jnp.maximum(count, 1.0), "grad_norm": optax.global_norm(grads),
-               "tokens": count, **({"total_loss": total} if terms else {}),
-               **{name if "/" in name else f"diversity/{name}": value for name, value in terms.items()}}
+               "tokens": count, **({"total_loss": total} if terms else {}), **terms}
     return new_state, metrics
 
 
@@ -140,13 +127,12 @@ def eval_step(state: dict, batch: dict, *, graphdef: Any) -> dict:
 
 
 def compile_steps(graphdef: Any, tx: optax.GradientTransformation, label_smoothing: float,
-                  num_seeds: int = 1, diversity: Any = None, gates: Any = None,
-                  num_steps: int = 1, loss_cfg: Any = None) -> tuple[Callable, Callable]:
+                  num_seeds: int = 1, objectives: tuple = (), num_steps: int = 1) -> tuple[Callable, Callable]:
     """The jitted train step (state donated: updated in place) and eval step, over a leading seed axis of the state
     (and of the train batch; eval batches are shared by all seeds). No task kind: the model in ``graphdef`` lays out
     its own batch (``forward_batch``)."""
     train = functools.partial(train_step, graphdef=graphdef, tx=tx, label_smoothing=label_smoothing,
-                              diversity=diversity, gates=gates, num_steps=num_steps, loss_cfg=loss_cfg)
+                              objectives=tuple(objectives), num_steps=num_steps)
     evaluate = functools.partial(eval_step, graphdef=graphdef)
     return (jax.jit(seed_map(train, num_seeds, (0, 0)), donate_argnums=(0,)),
             jax.jit(seed_map(evaluate, num_seeds, (0, None))))

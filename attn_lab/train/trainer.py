@@ -9,48 +9,34 @@ until then, batches are prefetched by a background thread, the state is donated)
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
-import tqdm
-from flax import nnx, traverse_util
+from flax import nnx
 
+from attn_lab import objectives, results
 from attn_lab.attention.dispatch import describe_dispatch
+from attn_lab.checks import RunError, describe
 from attn_lab.data import load_task
 from attn_lab.environment import environment
-from attn_lab.io import write_json_atomic
 from attn_lab.models import build_model, count_params, supports_cached_decoding
 from attn_lab.models.gates import binary_gates
 from attn_lab.train import learned as learned_lib
 from attn_lab.train import metrics as metrics_lib
 from attn_lab.train.capture import as_layers, capture_step, track_summary
-from attn_lab.train.checkpoint import Checkpointer, CheckpointError
+from attn_lab.train.checkpoint import Checkpointer, restore_common
 from attn_lab.train.config import validate_config
 from attn_lab.train.decode import compile_decode, split_beam_size
-from attn_lab.train.logging import METRICS_FILE, MetricLogger
+from attn_lab.train.logging import MetricLogger
+from attn_lab.train.loop import LoopStats, speed, train_loop
 from attn_lab.train.parallel import DataParallel, main_process_first
-from attn_lab.train.prefetch import Prefetcher
-from attn_lab.train.restore import load_finished_run
-from attn_lab.train.seeds import seed_map, stack, stack_batches, unstack
+from attn_lab.train.restore import warm_start
+from attn_lab.train.seeds import seed_map, stack, unstack
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, merge, model_state
-from attn_lab.train.workdir import (
-    RESULTS_FILE,
-    TRAINING_FILE,
-    RunError,
-    describe,
-    finished_results,
-    lock_workdirs,
-    read_record,
-)
-
-
-class ResumeError(RunError):
-    """The seeds' checkpoints share no step to resume from (their folders were edited by hand)."""
+from attn_lab.train.workdir import lock_workdirs
 
 
 class TaskError(RunError):
@@ -96,21 +82,18 @@ class Run:
         self.dispatch = describe_dispatch(models[0])  # which implementation each attention kind gets, for the log
         self.graphdef = nnx.split(models[0], nnx.Param, ...)[0]
         tx, n = make_optimizer(config.train, config.heads.gates), len(self.seeds)
-        self.train_step, self.eval_step = compile_steps(self.graphdef, tx,
-                                                        config.train.label_smoothing, num_seeds=n,
-                                                        diversity=config.loss.diversity,
-                                                        gates=config.heads.gates,
-                                                        num_steps=config.train.num_steps,
-                                                        loss_cfg=config.loss)
+        self.train_step, self.eval_step = compile_steps(self.graphdef, tx, config.train.label_smoothing, num_seeds=n,
+                                                        objectives=objectives.configured(config),
+                                                        num_steps=config.train.num_steps)
         self.decoders = _decoders(self.graphdef, self.task.max_target_length, models[0], n, config.eval)
         self.capture = (jax.jit(seed_map(capture_step(self.graphdef), n, (0, None)))
                         if config.heads.track else None)
         states = [init_state(nnx.to_pure_dict(nnx.state(m, nnx.Param)), model_state(m), tx, s)
                   for m, s in zip(models, self.seeds)]
         self.ckpts = [Checkpointer(os.path.join(w, "checkpoints")) for w in self.workdirs]
-        states, self.start_step = _restore(self.ckpts, states, self.main)
+        states, self.start_step = restore_common(self.ckpts, states, self.main)
         if config.train.init_from and not self.start_step:
-            states = _init_from(config.train.init_from, states, self.main)
+            states = warm_start(config.train.init_from, states, self.main)
         self.state = self.parallel.state(stack(states))  # replicated (or FSDP-sharded) over the devices
         self.environment = environment()  # versions, devices and commit: in results.json and the W&B config
         self.loggers = [MetricLogger(w, c.to_dict() | {"environment": self.environment}, mode=c.wandb.mode,
@@ -245,214 +228,6 @@ def _with_seed(config: Any, seed: int, num_seeds: int) -> Any:
     return c
 
 
-def _restore(ckpts: list[Checkpointer], states: list[dict], main: bool) -> tuple[list[dict], int]:
-    """Each seed's state at the newest step every seed has an intact checkpoint of (seeds save together), or fresh.
-
-    A step some seed cannot read (a truncated or missing file) is set aside as ``<step>.corrupt-<time>`` -- kept,
-    never deleted -- with one line saying so, and the run resumes from the next older common step. When no common
-    step can be read (all damaged, or a changed config: then every step fails) the run stops with one line and
-    nothing is renamed.
-    """
-    have = [set(c.all_steps()) for c in ckpts]
-    if not any(have):
-        return states, 0
-    common = sorted(set.intersection(*have), reverse=True)
-    if not common:
-        raise ResumeError(f"the seeds' checkpoints share no step ({[sorted(h) for h in have]}); "
-                          "delete the checkpoints folders to start again")
-    unreadable: list[tuple[Checkpointer, int, str]] = []
-    for step in common:
-        attempts = [c.try_restore(s, step) for c, s in zip(ckpts, states)]
-        unreadable += [(c, step, reason) for c, (_, reason) in zip(ckpts, attempts) if reason]
-        if not any(reason for _, reason in attempts):
-            _set_aside(unreadable, step, main)
-            return [state for state, _ in attempts], step
-    found = "; ".join(f"step {s} in {c.directory}: {reason}" for c, s, reason in unreadable)
-    raise CheckpointError(f"no checkpoint to resume from can be read ({found}): damaged, or written with another "
-                          "config; move the checkpoints folder away to start again")
-
-
-def _set_aside(unreadable: list[tuple[Checkpointer, int, str]], step: int, main: bool) -> None:
-    """Renames the unreadable steps (process 0; the others list the folder again once it has) and says so."""
-    for ckpt, bad, reason in unreadable:
-        if main:
-            name = ckpt.set_aside(bad)
-            print(f"checkpoint step {bad} in {ckpt.directory} is unreadable ({reason}); set aside as {name}, "
-                  f"resuming from step {step}", flush=True)
-    if unreadable and jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("attn_lab_set_aside")
-        for ckpt, _, _ in unreadable:
-            ckpt.reload()
-
-
-def _init_from(path: str, states: list[dict], verbose: bool) -> list[dict]:
-    """Each seed's state with every parameter that the finished run in ``path`` also has (same path, same shape)
-    taken from it; parameters it lacks (e.g. new head gates) keep their initialization; the optimizer starts fresh.
-    The source run is loaded once for all seeds, its model rebuilt from its own config."""
-    source = traverse_util.flatten_dict(load_finished_run(path).state["params"])
-    out = []
-    for state in states:
-        params = traverse_util.flatten_dict(state["params"])
-        for p, v in params.items():
-            if p in source and source[p].shape != v.shape:
-                raise ValueError(f"train.init_from: parameter {'/'.join(map(str, p))} is {source[p].shape} in "
-                                 f"{path}, {v.shape} here")
-        out.append({**state, "params": traverse_util.unflatten_dict({p: source.get(p, v) for p, v in params.items()})})
-    if verbose:
-        new = sorted({"/".join(map(str, p[:2])) for p in params if p not in source})
-        print(f"init_from {path}: {sum(p in source for p in params)} of {len(params)} parameter arrays loaded"
-              + (f"; new: {', '.join(new)}" if new else ""), flush=True)
-    return out
-
-
-def _eval_history(workdir: str) -> tuple[dict[str, float], dict[str, float]]:
-    """(last, best) validation value of each eval metric, read back from metrics.jsonl (so resumes count)."""
-    last: dict[str, float] = {}
-    best: dict[str, float] = {}
-    path = os.path.join(workdir, METRICS_FILE)
-    if not os.path.exists(path):  # only the main process writes metrics
-        return last, best
-    with open(path) as f:
-        for line in f:
-            for key, value in json.loads(line).items():
-                if key.startswith("eval/"):
-                    name = key[len("eval/"):]
-                    better = min if name == "loss" else max
-                    last[name] = value
-                    best[name] = value if name not in best else better(best[name], value)
-    return last, best
-
-
-@dataclasses.dataclass
-class LoopStats:
-    """What one call of :func:`_train_loop` measured in this process (a resumed run measures only its own part).
-
-    ``train_seconds`` excludes evaluation, head statistics, logging and checkpoints. ``compile_seconds``: how long
-    the first train_step call took to return -- tracing plus XLA compilation (or a persistent-cache load); the step
-    itself runs asynchronously after the call returns, so no device time is in it. ``steady_*``: the steps after
-    the first log window and their training seconds, i.e. the speed without compilation and warm-up.
-    """
-
-    step: int
-    train_seconds: float = 0.0
-    compile_seconds: float = 0.0
-    steady_steps: int = 0
-    steady_seconds: float = 0.0
-
-
-class _Window:
-    """The steps since the last log: their metrics, on the device until a sync fetches them, and the training
-    seconds they took (a stopwatch paused while evaluating, logging and checkpointing)."""
-
-    def __init__(self) -> None:
-        self.steps: list[int] = []
-        self.pending: list[dict] = []  # device metrics of steps not fetched yet
-        self.fetched: list[dict] = []  # host (numpy) metrics, one dict of [S] arrays per step
-        self.seconds, self.started = 0.0, time.perf_counter()
-
-    def add(self, step: int, metrics: dict) -> None:
-        self.steps.append(step)
-        self.pending.append(metrics)
-
-    def sync(self, run: Run) -> None:
-        """Fetches the pending metrics (this waits for their steps to finish) and stops the run at the first step
-        whose loss is not finite -- before anything is logged, evaluated or checkpointed from its state."""
-        first = len(self.fetched)
-        self.fetched += run.parallel.fetch(self.pending)  # one fetch per sync, not per step
-        self.pending = []
-        for step, m in zip(self.steps[first:], self.fetched[first:]):
-            loss = np.asarray(m["loss"])  # (S,)
-            if not np.isfinite(loss).all():
-                seeds = [s for s, x in zip(run.seeds, loss) if not np.isfinite(x)]
-                raise FloatingPointError(f"non-finite loss ({loss.tolist()}) at step {step} (seed {seeds}); "
-                                         f"stopped at step {self.steps[-1]}, the last good checkpoint is step "
-                                         f"{run.ckpts[0].latest_step()} in {run.workdirs[0]}/checkpoints")
-
-    def pause(self) -> None:
-        self.seconds += time.perf_counter() - self.started
-
-    def resume(self) -> None:
-        self.started = time.perf_counter()
-
-
-def _log_window(run: Run, window: _Window, bar: tqdm.tqdm) -> None:
-    """Logs the window's last step's metrics (as an unbuffered loop logged them) and its speed: steps/s and tokens/s
-    over all of the window's steps."""
-    last, seconds = window.fetched[-1], max(window.seconds, 1e-9)
-    tokens = np.sum([np.asarray(m["tokens"]) for m in window.fetched], axis=0)  # (S,)
-    rates = {"train/steps_per_sec": np.full(len(run.seeds), len(window.steps) / seconds),
-             "train/tokens_per_sec": tokens / seconds}
-    run.log(window.steps[-1], {f"train/{k}": v for k, v in last.items() if k != "tokens"} | rates)
-    bar.set_postfix(loss=f"{np.mean(last['loss']):.3f}", steps_per_s=f"{len(window.steps) / seconds:.1f}")
-
-
-def _batch_reader(run: Run, datasets: Sequence[Any]) -> tuple[Callable[[int], dict], Callable[[dict], dict]]:
-    """(read, place) for the prefetch worker and the loop: ``read(s)`` is every seed's ``dataset[s - 1]`` padded
-    to one shape, ``(S, B, ...)``; with one process it is also placed on the device(s) in the worker. With several
-    processes placement pads across hosts with a collective, which must run in the same order on every host, so it
-    stays on the main thread (``place``)."""
-    def put(batch: dict) -> dict:
-        return run.parallel.batch(batch, axis=1) if run.parallel.active else jax.device_put(batch)
-
-    def read(step: int) -> dict:
-        batch = stack_batches([d[step - 1] for d in datasets])  # (S, B, ...)
-        return put(batch) if jax.process_count() == 1 else batch
-
-    return read, (lambda b: b) if jax.process_count() == 1 else put
-
-
-def _train_loop(run: Run, stop_after: int | None, prefetch: int = 2) -> LoopStats:
-    """Steps from the restored step to ``num_steps`` (or ``stop_after``), never waiting on the device between syncs.
-
-    Steps are dispatched asynchronously (the state is donated, so each step updates it in place); the next
-    ``prefetch`` batches are read and placed by a background thread. The host waits only at a sync -- log, eval and
-    checkpoint steps -- where the window's metrics are fetched together and a non-finite loss stops the run.
-    """
-    tcfg = run.config.train
-    datasets = [run.task.dataset("train", tcfg.batch_size, train=True, seed=s, shard=run.parallel.shard)
-                for s in run.seeds]  # this process's rows of each batch
-    end = tcfg.num_steps if stop_after is None else min(stop_after, tcfg.num_steps)
-    bar = tqdm.tqdm(total=tcfg.num_steps, initial=run.start_step, disable=not run.main, mininterval=1.0,
-                    desc="train", dynamic_ncols=True)
-    stats, window, first_window = LoopStats(run.start_step), _Window(), True
-    read, place = _batch_reader(run, datasets)
-    # The bar closes on errors too, so its last redraw comes before the error line, not after it at exit.
-    with bar, Prefetcher(read, range(run.start_step + 1, end + 1), depth=prefetch) as batches:
-        for step, batch in batches:
-            called = time.perf_counter()
-            run.state, m = run.train_step(run.state, place(batch))
-            if step == run.start_step + 1:
-                stats.compile_seconds = time.perf_counter() - called
-            window.add(step, m)
-            stats.step = step
-            bar.update(1)
-            log = step % tcfg.log_every == 0 or step == end
-            evaluate = step % tcfg.eval_every == 0 or step == tcfg.num_steps
-            save = step % tcfg.checkpoint_every == 0 or step == end
-            if not (log or evaluate or save):
-                continue
-            window.sync(run)
-            window.pause()
-            if log:
-                _log_window(run, window, bar)
-                stats.train_seconds += window.seconds
-                if not first_window:
-                    stats.steady_steps += len(window.steps)
-                    stats.steady_seconds += window.seconds
-                window, first_window = _Window(), False
-            if evaluate:
-                scores = run.evaluate("validation")
-                run.log(step, {f"eval/{k}": [r[k] for r in scores] for k in scores[0]} | run.learned_stats())
-                if run.capture is not None:
-                    run.log(step, run.head_stats())
-            if save:
-                run.save(step)
-            window.resume()
-    return stats
-
-
 def train_and_evaluate(config: Any, workdir: str, *, stop_after: int | None = None) -> dict:
     """Trains ``config`` in ``workdir`` (resuming from its last checkpoint) and writes results.json.
 
@@ -478,24 +253,24 @@ def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *,
     its results.json is returned: what a finished run wrote is never rewritten by a rerun.
     """
     validate_config(config)
-    results = [finished_results(w) for w in workdirs]
-    for workdir, done in zip(workdirs, results):
-        if done is not None and jax.process_index() == 0:
-            print(_finished_line(workdir, done["steps"], config.train.num_steps), flush=True)
-    todo = [i for i, done in enumerate(results) if done is None]
+    done = [results.finished_results(w) for w in workdirs]
+    for workdir, record in zip(workdirs, done):
+        if record is not None and jax.process_index() == 0:
+            print(_finished_line(workdir, results.steps(record), config.train.num_steps), flush=True)
+    todo = [i for i, record in enumerate(done) if record is None]
     if todo:
         trained = _train(config, [workdirs[i] for i in todo], [seeds[i] for i in todo], stop_after)
-        for i, result in zip(todo, trained):
-            results[i] = result
-    return results
+        for i, record in zip(todo, trained):
+            done[i] = record
+    return done
 
 
 def _finished_line(workdir: str, steps: int, num_steps: int) -> str:
     """What a rerun of a finished run says; a longer ``train.num_steps`` does not extend it (that would rewrite its
     results), and the line says how to train on."""
-    more = (f" (train.num_steps={num_steps} here: to train on, move its {RESULTS_FILE} away and rerun)"
+    more = (f" (train.num_steps={num_steps} here: to train on, move its {results.RESULTS_FILE} away and rerun)"
             if num_steps != steps else "")
-    return f"{workdir}: finished at step {steps} ({RESULTS_FILE}); nothing to do{more}"
+    return f"{workdir}: finished at step {steps} ({results.RESULTS_FILE}); nothing to do{more}"
 
 
 def reevaluate_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int]) -> list[str]:
@@ -516,26 +291,12 @@ def reevaluate_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int])
         if not run.start_step:
             raise RunError(f"{run.workdirs[0]}/checkpoints holds no checkpoint to re-evaluate")
         scores = {split: run.evaluate(split) for split in ("validation", "test")}
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        paths = [_new_file(os.path.join(w, f"results.reeval-{stamp}"), ".json") for w in run.workdirs]
-        for i, (w, path) in enumerate(zip(run.workdirs, paths)):
-            record = {"step": run.start_step, "finished": os.path.exists(os.path.join(w, RESULTS_FILE)),
-                      "final": {split: scores[split][i] for split in scores}, "reevaluated_at": stamp,
-                      "environment": run.environment, "config": run.configs[i].to_dict()}
-            if run.main:
-                write_json_atomic(path, record)
-        return paths
+        stamp = results.stamp()
+        return [results.write_reevaluation(w, run.start_step, {k: v[i] for k, v in scores.items()}, stamp,
+                                           run.environment, run.configs[i].to_dict()) if run.main
+                else results.reevaluation_path(w, stamp) for i, w in enumerate(run.workdirs)]
     finally:
         run.close()
-
-
-def _new_file(stem: str, suffix: str) -> str:
-    """``stem + suffix``, or ``stem-2 + suffix``, ...: a name no earlier re-evaluation holds."""
-    path, n = stem + suffix, 1
-    while os.path.exists(path):
-        n += 1
-        path = f"{stem}-{n}{suffix}"
-    return path
 
 
 def _train(config: Any, workdirs: list[str], seeds: list[int], stop_after: int | None) -> list[dict]:
@@ -544,26 +305,31 @@ def _train(config: Any, workdirs: list[str], seeds: list[int], stop_after: int |
     start = time.time()
     run = Run(config, workdirs, seeds)
     try:
-        for logger in run.loggers:
-            logger.summary({"num_params": run.num_params})
-        if run.main:
-            for w, c in zip(run.workdirs, run.configs):
-                write_json_atomic(os.path.join(w, "config.json"), c.to_dict())
-            resumed = f", resuming at step {run.start_step}" if run.start_step else ""
-            vectorized = f", seeds {run.seeds} in one program" if len(run.seeds) > 1 else ""
-            print(f"{config.task.name}: {run.task.kind} model, {run.num_params:,} parameters{vectorized}{resumed}",
-                  flush=True)
-            print(run.dispatch, flush=True)
-        stats = _train_loop(run, stop_after)
-        step = stats.step
-        if step < config.train.num_steps:
-            return [{"step": step, "finished": False} for _ in run.seeds]
+        _announce(run)
+        stats = train_loop(run, stop_after)
+        if stats.step < config.train.num_steps:
+            return [{"step": stats.step, "finished": False} for _ in run.seeds]
         trainings, tested_from = _training_records(run, stats, start), time.time()
         tests = run.evaluate("test")
-        return [_finish(run, i, step, test, trainings[i] | {"environment": run.environment}, tested_from)
+        return [_finish(run, i, stats.step, test, trainings[i] | {"environment": run.environment}, tested_from)
                 for i, test in enumerate(tests)]
     finally:
         run.close()
+
+
+def _announce(run: Run) -> None:
+    """The run's start: parameter count to W&B; config.json written; the model and dispatch lines printed."""
+    for logger in run.loggers:
+        logger.summary({"num_params": run.num_params})
+    if not run.main:
+        return
+    for w, c in zip(run.workdirs, run.configs):
+        results.write_config(w, c.to_dict())
+    resumed = f", resuming at step {run.start_step}" if run.start_step else ""
+    vectorized = f", seeds {run.seeds} in one program" if len(run.seeds) > 1 else ""
+    print(f"{run.config.task.name}: {run.task.kind} model, {run.num_params:,} parameters{vectorized}{resumed}",
+          flush=True)
+    print(run.dispatch, flush=True)
 
 
 def _training_records(run: Run, stats: LoopStats, start: float) -> list[dict]:
@@ -571,79 +337,27 @@ def _training_records(run: Run, stats: LoopStats, start: float) -> list[dict]:
     up to the last step; read back by one that only finishes the final test, because the process that trained was
     stopped during it -- so results.json gets the original run's speed, not this process's (which trained nothing)."""
     if run.start_step < stats.step:
-        record = {"num_params": run.num_params, "steps": stats.step, "compilations": run.compilations(),
-                  "wall_time_sec": time.time() - start, **_speed(stats, stats.step - run.start_step),
-                  "seeds_vectorized": len(run.seeds)}
+        record = results.training_record(run.num_params, stats.step, run.compilations(), time.time() - start,
+                                         speed(stats, stats.step - run.start_step), len(run.seeds))
         if run.main:
             for w in run.workdirs:
-                write_json_atomic(os.path.join(w, TRAINING_FILE), record)
+                results.write_training(w, record)
         return [record] * len(run.seeds)
-    return [_recorded_training(run, w, stats.step) for w in run.workdirs]
+    return [results.recorded_training(w, run.num_params, stats.step, len(run.seeds)) for w in run.workdirs]
 
 
-def _recorded_training(run: Run, workdir: str, step: int) -> dict:
-    """training.json of a run whose final test was interrupted (``final_test_resumed``); speed fields None when the
-    process was stopped before writing it (between its last checkpoint and the test)."""
-    try:
-        record = read_record(workdir, TRAINING_FILE)
-    except ValueError:
-        record = None
-    unknown = dict.fromkeys(("compilations", "wall_time_sec", "steps_per_sec", "steady_steps_per_sec",
-                             "compile_seconds", "train_time_sec"))
-    return {**unknown, "num_params": run.num_params, "steps": step, "seeds_vectorized": len(run.seeds),
-            **(record or {}), "final_test_resumed": True}
-
-
-def _speed(stats: LoopStats, steps: int) -> dict[str, float | None]:
-    """Speed fields of results.json, all over this process's part of the run (the part after a resume).
-
-    ``steps_per_sec``: every step over all training seconds, compilation and warm-up included (the tables' speed
-    column, kept comparable with older runs); ``steady_steps_per_sec``: the steps after the first log window over
-    their training seconds (None when the run had a single log window); ``compile_seconds``: see
-    :class:`LoopStats`; ``train_time_sec``: the training seconds (no evaluation, logging or checkpoints).
-    """
-    steady = stats.steady_steps / stats.steady_seconds if stats.steady_steps and stats.steady_seconds > 0 else None
-    return {"steps_per_sec": steps / max(stats.train_seconds, 1e-9), "steady_steps_per_sec": steady,
-            "compile_seconds": stats.compile_seconds, "train_time_sec": stats.train_seconds}
-
-
-def _finish(run: Run, i: int, step: int, test: dict[str, float], common: dict, tested_from: float) -> dict:
-    """Seed i's results: logged to its W&B run and written atomically to its results.json.
-
-    ``wall_time_sec``: the training wall time of ``common`` plus this process's test. A test line already in
-    metrics.jsonl (the process that trained was stopped after logging it) is not logged twice.
-    """
-    last, best = _eval_history(run.workdirs[i])
-    wall = common["wall_time_sec"]
-    results = {"final": {"validation": last, "test": test}, "best": best, **common,
-               "wall_time_sec": None if wall is None else wall + time.time() - tested_from,
-               "config": run.configs[i].to_dict()}
+def _finish(run: Run, i: int, step: int, test: dict[str, float], training: dict, tested_from: float) -> dict:
+    """Seed i's results: logged to its W&B run and written atomically to its results.json. A test line already in
+    metrics.jsonl (the process that trained was stopped after logging it) is not logged twice."""
+    workdir = run.workdirs[i]
     gates = binary_gates(run.parallel.fetch(unstack(run.state, i)["params"]), run.config.heads.gates.target)
-    if gates is not None:  # which heads the binarized test-time gates keep
-        total = sum(np.size(g) for g in gates.values())
-        results["gates"] = {"binary": gates, "kept": int(sum(np.sum(g) for g in gates.values())), "total": total}
-    learned = run.learned_heads(i)
-    if learned:  # per-head spans / alphas of kernels that learn their shape
-        results["learned"] = learned
-    if not _test_logged(run.workdirs[i], step):
+    learned = run.learned_heads(i)  # per-head spans / alphas of kernels that learn their shape
+    extra = ({} if gates is None else results.gates_record(gates)) | ({"learned": learned} if learned else {})
+    record = results.results_record(workdir, test, training, time.time() - tested_from, run.configs[i].to_dict(),
+                                    extra)
+    if not results.test_logged(workdir, step):
         run.loggers[i].log(step, {f"test/{k}": v for k, v in test.items()})
     run.loggers[i].summary({"final/" + k: v for k, v in test.items()})
     if run.main:
-        write_json_atomic(os.path.join(run.workdirs[i], RESULTS_FILE), results)
-    return results
-
-
-def _test_logged(workdir: str, step: int) -> bool:
-    """Whether metrics.jsonl already has a ``test/`` line at ``step``."""
-    path = os.path.join(workdir, METRICS_FILE)
-    if not os.path.exists(path):
-        return False
-    with open(path) as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:  # a line torn by a kill
-                continue
-            if record.get("step") == step and any(k.startswith("test/") for k in record):
-                return True
-    return False
+        results.write_results(workdir, record)
+    return record

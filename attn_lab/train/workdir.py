@@ -4,11 +4,8 @@
   A second process stops with one line naming the holder. The kernel drops a flock when its process dies, so the lock
   of a killed run is simply free; the holder's pid and host written in the file are for the message only, and a
   non-empty file found free (a holder that never released it) is reported as taken over.
-- :func:`finished_results`: a run whose ``results.json`` exists is finished; its results.json and metrics.jsonl are
-  the facts of that run and no rerun writes them again.
-- ``training.json``: what training measured (speed, compilations, wall time), written once training reaches its last
-  step and before the final test, so a rerun that only finishes a test interrupted by a kill reports the original
-  run's speed rather than its own (which trained nothing).
+- A finished run (:func:`attn_lab.results.finished_results`) is the facts of that run: no rerun writes its records
+  again (the records themselves are :mod:`attn_lab.results`'s).
 """
 
 from __future__ import annotations
@@ -21,23 +18,13 @@ import socket
 import time
 from typing import Any
 
+from attn_lab.checks import RunError
+
 LOCK_FILE = ".lock"
-RESULTS_FILE = "results.json"
-TRAINING_FILE = "training.json"
-
-
-class RunError(RuntimeError):
-    """A run that cannot start or go on, said in one line (scripts/train.py prints it and exits 1)."""
 
 
 class WorkdirBusy(RunError):
     """Another live process holds the workdir's lock."""
-
-
-def describe(error: BaseException) -> str:
-    """``'<ExceptionName>: <first line>'`` of an error, short enough for a one-line message."""
-    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
-    return f"{type(error).__name__}: {first[:160]}{'...' if len(first) > 160 else ''}"
 
 
 def _holder_text(info: dict[str, Any]) -> str:
@@ -125,36 +112,3 @@ def lock_workdirs(workdirs: list[str]) -> list[WorkdirLock]:
             lock.release()
         raise
     return locks
-
-
-def read_record(workdir: str, name: str) -> dict[str, Any] | None:
-    """``<workdir>/<name>`` as a dict, None when absent; ValueError (one line) when it does not parse."""
-    path = os.path.join(workdir, name)
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path} cannot be read ({describe(e)})") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"{path} cannot be read (a JSON {type(record).__name__}, not an object)")
-    return record
-
-
-def finished_results(workdir: str) -> dict[str, Any] | None:
-    """The results.json of a finished run in ``workdir``, or None when the run has not finished.
-
-    Raises:
-        RunError: results.json exists but is not a finished run's record (edited or truncated by hand); it is not
-            overwritten, the user decides.
-    """
-    try:
-        results = read_record(workdir, RESULTS_FILE)
-    except ValueError as e:
-        raise RunError(f"{e}; a finished run's record is never overwritten: move it away to finish the run "
-                       "again") from None
-    if results is not None and not {"final", "steps"} <= set(results):
-        raise RunError(f"{os.path.join(workdir, RESULTS_FILE)} has no 'final' or 'steps' (not a finished run's "
-                       "record); move it away to finish the run again")
-    return results

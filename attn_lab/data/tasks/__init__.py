@@ -258,62 +258,85 @@ def __getattr__(attr: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
-def task_kind(cfg: Any) -> str:
-    """'translation' or 'classification' for a task config (a catalog dataset says which in ``task.kind``)."""
+@dataclasses.dataclass(frozen=True)
+class ResolvedTask:
+    """A task config resolved once: its declaration and options, and every question a config check asks of it
+    (:func:`resolve`), so a validation reads the registry one time."""
+
+    spec: TaskSpec
+    options: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind or self.options["kind"]  # a task without a fixed kind takes it from its options
+
+    def check(self) -> None:
+        """The shared checks of options by name, then the task's own; a one-line ValueError naming the key."""
+        opts = self.options
+        for keys, test, allowed in ((_POSITIVE, lambda v: v > 0, "a positive integer"),
+                                    (_NON_NEGATIVE, lambda v: v >= 0, "an integer >= 0"),
+                                    (_INTEGER, lambda v: True, "an integer")):
+            for key in keys:
+                if key in opts and not (is_int(opts[key]) and test(opts[key])):
+                    raise ValueError(f"task.{key} must be {allowed}, got {opts[key]!r}")
+        if "spm_model_type" in opts and opts["spm_model_type"] not in spm.MODEL_TYPES:
+            raise ValueError(f"task.spm_model_type={opts['spm_model_type']!r} is not one of {spm.MODEL_TYPES}")
+        self.spec.check(opts)
+
+    def is_prepared(self, data_dir: str | None = None) -> bool:
+        """Whether the task's data is already prepared in ``data_dir`` (nothing is written or downloaded)."""
+        data_dir = builders.resolve_data_dir(data_dir)
+        if self.spec.is_prepared is not None:
+            return self.spec.is_prepared(self.options, data_dir)
+        return builders.is_prepared(*self.spec.builder(self.options), data_dir)
+
+    def sequence_lengths(self) -> tuple[int, int | None]:
+        """``(max_input_length, max_target_length or None)`` exactly as the loaded :class:`Task` will report them,
+        known from the config alone (no data is read)."""
+        inputs, targets = self.spec.sequence_lengths(self.options)
+        return inputs, targets if self.kind == "translation" else None
+
+    def max_train_examples(self) -> int | None:
+        """An upper bound on the training split's size known before preparation, or None where only preparing
+        tells."""
+        return self.spec.train_size(self.options)
+
+
+def resolve(cfg: Any) -> ResolvedTask:
+    """The task config ``cfg`` (a ConfigDict, object or mapping) resolved: its declaration and its options
+    (defaults overridden by what ``cfg`` sets); an unknown name is a one-line ValueError."""
     spec = task_spec(_get(cfg, "name", None))
-    return _kind(spec, _options(spec, cfg))
+    return ResolvedTask(spec, spec.read_options(cfg, spec.defaults))
+
+
+def task_kind(cfg: Any) -> str:
+    """'translation', 'classification' or 'lm' for a task config (a catalog dataset says which in ``task.kind``)."""
+    return resolve(cfg).kind
 
 
 def task_options(cfg: Any) -> dict[str, Any]:
     """The task's options: defaults overridden by what ``cfg`` (a ConfigDict, object or mapping) sets."""
-    return _options(task_spec(_get(cfg, "name", None)), cfg)
-
-
-def _options(spec: TaskSpec, cfg: Any) -> dict[str, Any]:
-    return spec.read_options(cfg, spec.defaults)
-
-
-def _kind(spec: TaskSpec, opts: dict[str, Any]) -> str:
-    return spec.kind or opts["kind"]  # a task without a fixed kind takes it from its options
+    return resolve(cfg).options
 
 
 def validate_task_config(cfg: Any) -> None:
     """Checks a task config without preparing any data; raises a one-line ValueError naming the bad key."""
-    spec = task_spec(_get(cfg, "name", None))
-    opts = _options(spec, cfg)
-    for keys, test, allowed in ((_POSITIVE, lambda v: v > 0, "a positive integer"),
-                                (_NON_NEGATIVE, lambda v: v >= 0, "an integer >= 0"),
-                                (_INTEGER, lambda v: True, "an integer")):
-        for key in keys:
-            if key in opts and not (is_int(opts[key]) and test(opts[key])):
-                raise ValueError(f"task.{key} must be {allowed}, got {opts[key]!r}")
-    if "spm_model_type" in opts and opts["spm_model_type"] not in spm.MODEL_TYPES:
-        raise ValueError(f"task.spm_model_type={opts['spm_model_type']!r} is not one of {spm.MODEL_TYPES}")
-    spec.check(opts)
+    resolve(cfg).check()
 
 
 def is_prepared(cfg: Any, data_dir: str | None = None) -> bool:
     """Whether the task's data is already prepared in ``data_dir`` (nothing is written or downloaded)."""
-    spec = task_spec(_get(cfg, "name", None))
-    opts, data_dir = _options(spec, cfg), builders.resolve_data_dir(data_dir)
-    if spec.is_prepared is not None:
-        return spec.is_prepared(opts, data_dir)
-    return builders.is_prepared(*spec.builder(opts), data_dir)
+    return resolve(cfg).is_prepared(data_dir)
 
 
 def sequence_lengths(cfg: Any) -> tuple[int, int | None]:
-    """``(max_input_length, max_target_length or None)`` exactly as the loaded :class:`Task` will report them,
-    known from the config alone (no data is read)."""
-    spec = task_spec(_get(cfg, "name", None))
-    opts = _options(spec, cfg)
-    inputs, targets = spec.sequence_lengths(opts)
-    return inputs, targets if _kind(spec, opts) == "translation" else None
+    """See :meth:`ResolvedTask.sequence_lengths`."""
+    return resolve(cfg).sequence_lengths()
 
 
 def max_train_examples(cfg: Any) -> int | None:
-    """An upper bound on the training split's size known before preparation, or None where only preparing tells."""
-    spec = task_spec(_get(cfg, "name", None))
-    return spec.train_size(_options(spec, cfg))
+    """See :meth:`ResolvedTask.max_train_examples`."""
+    return resolve(cfg).max_train_examples()
 
 
 def load_task(cfg: Any, data_dir: str | None = None) -> Task:
@@ -327,9 +350,9 @@ def load_task(cfg: Any, data_dir: str | None = None) -> Task:
     Returns:
       The Task.
     """
-    validate_task_config(cfg)
-    spec = task_spec(_get(cfg, "name", None))
-    return spec.load(_options(spec, cfg), builders.resolve_data_dir(data_dir))
+    task = resolve(cfg)
+    task.check()
+    return task.spec.load(task.options, builders.resolve_data_dir(data_dir))
 
 
 def is_int(value: Any) -> bool:

@@ -41,10 +41,12 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from attn_lab.models import attention_kinds, attention_layers
+from attn_lab.checks import NON_NEGATIVE, check_value
+from attn_lab.models import attention_kinds
+from attn_lab.objectives.base import Layer, LossTerm, ModelFacts, TermInputs, captured_layers, register_term
 
-REGULARIZERS = ("map_cosine", "subspace", "position", "output", "qk_orthogonal")
-NEEDS_MAPS = ("map_cosine", "position")
+# each regularizer: what the forward pass must capture for it (True: maps too; 'heads': per-head values / outputs)
+REGULARIZERS = {"map_cosine": True, "subspace": "heads", "position": True, "output": "heads", "qk_orthogonal": False}
 
 
 def pairwise_cosine(x: jax.Array) -> jax.Array:
@@ -125,20 +127,41 @@ def qk_orthogonal(query_kernel: jax.Array, key_kernel: jax.Array) -> jax.Array:
     return (overlap(query_kernel) + overlap(key_kernel)) / 2
 
 
-def default_config() -> ml_collections.ConfigDict:
+@register_term
+class Diversity(LossTerm):
     """``config.loss.diversity``: a weight per regularizer (0 = off; several > 0 combine), options, and where."""
-    c = ml_collections.ConfigDict({name: {"weight": 0.0} for name in REGULARIZERS})
-    c.map_cosine.tau = 0.5
-    c.kinds = ",".join(attention_kinds())  # which attention kinds are regularized (a model's others are skipped)
-    c.layers = ""  # comma-separated layer indices; empty: all
-    return c
+
+    name, order = "diversity", 10
+
+    def default_config(self) -> ml_collections.ConfigDict:
+        c = ml_collections.ConfigDict({name: {"weight": 0.0} for name in REGULARIZERS})
+        c.map_cosine.tau = 0.5
+        c.kinds = ",".join(attention_kinds())  # which attention kinds are regularized (a model's others are skipped)
+        c.layers = ""  # comma-separated layer indices; empty: all
+        return c
+
+    def check(self, cfg: Any, facts: ModelFacts) -> None:
+        check_config(cfg, facts.kernels)
+        bad = [i for i in selected_layers(cfg) if not 0 <= i < facts.depth]
+        if bad:  # layer indices past the model's depth would regularize nothing, silently
+            raise ValueError(f"loss.diversity.layers={cfg.layers!r}: layer {bad[0]} does not exist; the model's "
+                             f"layers are 0..{facts.depth - 1}")
+
+    def active(self, cfg: Any) -> bool:
+        return active(cfg)
+
+    def capture(self, cfg: Any) -> bool | str:
+        return needs_capture(cfg)
+
+    def __call__(self, cfg: Any, inputs: TermInputs) -> tuple[jax.Array, dict[str, jax.Array]]:
+        total, means = weighted(cfg, inputs.layers, inputs.rows)
+        return total, {f"diversity/{name}": value for name, value in means.items()}
 
 
 def check_config(dcfg: Any, kernels: dict[str, Any]) -> None:
     """One line naming the bad ``loss.diversity`` key; map-based regularizers need kernels that materialize maps."""
     for name in REGULARIZERS:
-        if not dcfg[name].weight >= 0:
-            raise ValueError(f"loss.diversity.{name}.weight must be >= 0, got {dcfg[name].weight}")
+        check_value(f"loss.diversity.{name}.weight", dcfg[name].weight, NON_NEGATIVE)
     if not -1.0 <= dcfg.map_cosine.tau <= 1.0:
         raise ValueError(f"loss.diversity.map_cosine.tau must be in [-1, 1], got {dcfg.map_cosine.tau}")
     kinds = selected_kinds(dcfg)
@@ -152,7 +175,7 @@ def check_config(dcfg: Any, kernels: dict[str, Any]) -> None:
     if active(dcfg) and not set(kinds) & set(kernels):
         raise ValueError(f"loss.diversity.kinds={dcfg.kinds!r}: the model has none of these attention kinds (its "
                          f"kinds: {', '.join(kernels)}), so the diversity terms would regularize nothing")
-    for name in NEEDS_MAPS:
+    for name in (n for n, needs in REGULARIZERS.items() if needs is True):
         for kind in kinds:
             kernel = kernels.get(kind)
             if dcfg[name].weight > 0 and kernel is not None and not kernel.supports_weights:
@@ -173,10 +196,8 @@ def active(dcfg: Any) -> bool:
 
 def needs_capture(dcfg: Any) -> bool | str:
     """What the forward pass must capture: True (maps and heads), 'heads' (per-head values/outputs) or False."""
-    active = [name for name in REGULARIZERS if dcfg[name].weight > 0]
-    if any(name in NEEDS_MAPS for name in active):
-        return True
-    return "heads" if any(name in ("subspace", "output") for name in active) else False
+    needs = [REGULARIZERS[name] for name in REGULARIZERS if dcfg[name].weight > 0]
+    return True if True in needs else ("heads" if "heads" in needs else False)
 
 
 def selected_kinds(dcfg: Any) -> list[str]:
@@ -215,18 +236,18 @@ def layer_terms(dcfg: Any, attn: nnx.Module, captured: dict, rows: tuple[jax.Arr
     return out
 
 
-def regularizer(model: nnx.Module, dcfg: Any, rows: dict) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """(weighted total, per-name mean over the chosen layers) after a forward pass with capture on; ``rows``: the
-    model's ``attention_rows(batch)`` (per kind: real query rows and visible keys).
-
-    Pops the captured intermediates from every attention layer (so they never reach the model state).
-    """
+def weighted(dcfg: Any, layers: tuple[Layer, ...], rows: dict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(weighted total, per-name mean over the chosen layers); ``rows``: the model's ``attention_rows(batch)``."""
     per_name: dict[str, list[jax.Array]] = {}
-    for kind, layer, attn in attention_layers(model):
-        captured = {k: v[0] for k, v in nnx.to_pure_dict(nnx.pop(attn, nnx.Intermediate)).items()}
-        if selected(dcfg, kind, layer):
-            for name, value in layer_terms(dcfg, attn, captured, rows[kind]).items():
+    for layer in layers:
+        if selected(dcfg, layer.kind, layer.index):
+            for name, value in layer_terms(dcfg, layer.module, layer.captured, rows[layer.kind]).items():
                 per_name.setdefault(name, []).append(value)
     means = {name: jnp.mean(jnp.stack(values)) for name, values in per_name.items()}
     total = sum((dcfg[name].weight * means[name] for name in REGULARIZERS if name in means), jnp.zeros(()))
     return total, means
+
+
+def regularizer(model: nnx.Module, dcfg: Any, rows: dict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """:func:`weighted` after a forward pass with capture on, popping what every attention layer captured."""
+    return weighted(dcfg, captured_layers(model, popped=True), rows)
