@@ -1,0 +1,21 @@
+"""``--what=importance``: each head's importance E|dL/dxi| (Michel et al. 2019, "Are Sixteen Heads Really Better
+than One?"), the expected size of the loss gradient with respect to the head's mask, over the batches of --split.
+Writes importance.json and importance.png ``{kind: [L, N]}``."""
+
+from __future__ import annotations
+
+import numpy as np
+from absl import flags
+
+from attn_lab.analysis.context import AnalysisContext
+from attn_lab.analysis.methods import register_method
+
+_NORMALIZE = flags.DEFINE_bool("normalize", False, "importance: unit l2 norm per layer (Michel et al.).")
+
+
+@register_method("importance", order=10)
+def importance(ctx: AnalysisContext) -> None:
+    """Head importance E|dL/dxi| per head (``--normalize``: unit l2 norm per layer)."""
+    imp = ctx.head_importance(_NORMALIZE.value)
+    ctx.output("importance", {k: v.tolist() for k, v in imp.items()}, grids=imp, title="head importance E|dL/dxi|")
+    print("importance:", {k: np.round(v, 4).tolist() for k, v in imp.items()})
