@@ -141,9 +141,15 @@ def summary_row(results: dict[str, Any]) -> dict[str, Any]:
 
 def speed(results: dict[str, Any]) -> dict[str, float | None]:
     """A finished run's speed: ``steady`` steps/s (after the first log window; None with one window), ``whole``
-    (every step, compilation included), ``compile_seconds`` and ``wall_time_sec`` (None where not recorded)."""
-    return {"steady": results.get("steady_steps_per_sec"), "whole": results.get("steps_per_sec"),
+    (every step, compilation included), ``compile_seconds``, ``wall_time_sec`` and ``steps`` (None where not
+    recorded: a partial record of a failed step reads too)."""
+    return {"steps": results.get("steps"), "steady": results.get("steady_steps_per_sec"), "whole": results.get("steps_per_sec"),
             "compile_seconds": results.get("compile_seconds"), "wall_time_sec": results.get("wall_time_sec")}
+
+
+def test_metric(results: dict[str, Any], name: str) -> float | None:
+    """One test metric of a results record, None where it is missing (a partial record of a failed step)."""
+    return (results.get("final") or {}).get("test", {}).get(name)
 
 
 def printed(workdir: str, results: dict[str, Any]) -> dict[str, Any]:

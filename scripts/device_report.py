@@ -28,6 +28,7 @@ from absl import app
 
 from attn_lab.cli import parse_flags
 from attn_lab.markdown import markdown_table
+from attn_lab.results import RESULTS_FILE, speed, test_metric
 
 TIMEOUT_CODES = (124, 137)  # timeout(1): limit reached, or killed after the grace period
 
@@ -190,26 +191,26 @@ def loop_summary(out: str, step: dict) -> tuple[str, list[str]]:
 def numbers_summary(out: str, step: dict) -> tuple[str, list[str]]:
     """Train speed of the numbers quick run: steady steps/s (after the first log window), compile seconds, wall
     time, test exact match; for vmapped seeds also seed-steps/s and its ratio to the one-seed run."""
-    runs = [read_json(p) for p in sorted(glob.glob(os.path.join(out, step["name"], "**", "results.json"),
+    runs = [read_json(p) for p in sorted(glob.glob(os.path.join(out, step["name"], "**", RESULTS_FILE),
                                                    recursive=True))]
     runs = [r for r in runs if isinstance(r, dict)]
     if not runs:
         return "–", []
-    r = runs[0]
-    steady = r.get("steady_steps_per_sec")
-    rate = steady if isinstance(steady, (int, float)) else r.get("steps_per_sec")
+    speeds = speed(runs[0])
+    steady = speeds["steady"]
+    rate = steady if isinstance(steady, (int, float)) else speeds["whole"]
     label = "steady steps/s" if isinstance(steady, (int, float)) else "steps/s (incl. compilation)"
     seeds = len(runs)
-    key = (f"{seeds} seed{'s' if seeds > 1 else ''}, {r.get('steps')} steps, {label} {num(rate, '.3g')}"
+    key = (f"{seeds} seed{'s' if seeds > 1 else ''}, {speeds['steps']} steps, {label} {num(rate, '.3g')}"
            + (f", seed-steps/s {num(rate * seeds if isinstance(rate, (int, float)) else None, '.3g')}"
               if seeds > 1 else "")
-           + f", compile {num(r.get('compile_seconds'), '.1f')} s, wall {num(r.get('wall_time_sec'), '.1f')} s")
-    match = [x.get("final", {}).get("test", {}).get("exact_match") for x in runs]
+           + f", compile {num(speeds['compile_seconds'], '.1f')} s, wall {num(speeds['wall_time_sec'], '.1f')} s")
+    match = [test_metric(x, "exact_match") for x in runs]
     lines = [f"- test exact match per seed: {', '.join(num(m, '.3f') for m in match)}",
-             f"- steps/s over the whole run (incl. compilation): {num(r.get('steps_per_sec'), '.3g')}"]
-    one = next((read_json(p) for p in glob.glob(os.path.join(out, "numbers_1seed", "results.json"))), None)
+             f"- steps/s over the whole run (incl. compilation): {num(speeds['whole'], '.3g')}"]
+    one = next((read_json(p) for p in glob.glob(os.path.join(out, "numbers_1seed", RESULTS_FILE))), None)
     if seeds > 1 and isinstance(one, dict) and isinstance(rate, (int, float)):
-        base = one.get("steady_steps_per_sec", one.get("steps_per_sec"))
+        base = speed(one)["steady"] if speed(one)["steady"] is not None else speed(one)["whole"]
         if isinstance(base, (int, float)) and base > 0:
             lines.append(f"- seed-steps/s vs one seed: {rate * seeds / base:.2f}x ({seeds} x {rate:.3g} / {base:.3g})")
     return key, lines
