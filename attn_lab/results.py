@@ -144,7 +144,8 @@ def speed(results: dict[str, Any]) -> dict[str, float | None]:
     (every step, compilation included), ``compile_seconds``, ``wall_time_sec`` and ``steps`` (None where not
     recorded: a partial record of a failed step reads too)."""
     return {"steps": results.get("steps"), "steady": results.get("steady_steps_per_sec"),
-            "whole": results.get("steps_per_sec"), "compile_seconds": results.get("compile_seconds"), "wall_time_sec": results.get("wall_time_sec")}
+            "whole": results.get("steps_per_sec"), "compile_seconds": results.get("compile_seconds"),
+            "wall_time_sec": results.get("wall_time_sec")}
 
 
 def test_metric(results: dict[str, Any], name: str) -> float | None:
