@@ -186,7 +186,7 @@ class AdaptiveSpanAttention(AttentionKernel):
     supports_cross = False
     supports_dropout = False
     decode_needs_position = True
-    penalty_key = "span"  # config.loss.span.weight x penalty(), summed over layers (attn_lab/train/learned.py)
+    penalty_key = "span"  # config.loss.span.weight x penalty(), summed over layers (attn_lab/objectives/span.py)
 
     def __init__(self, *, max_span: int = 1024, ramp: float = 32.0, init_span: float = 0.0, block_size: int = 64,
                  **shared: Any):

@@ -23,7 +23,7 @@ from attn_lab.train.seeds import stack_batches
 
 @dataclasses.dataclass
 class LoopStats:
-    """What one call of :func:`_train_loop` measured in this process (a resumed run measures only its own part).
+    """What one call of :func:`train_loop` measured in this process (a resumed run measures only its own part).
 
     ``train_seconds`` excludes evaluation, head statistics, logging and checkpoints. ``compile_seconds``: how long
     the first train_step call took to return -- tracing plus XLA compilation (or a persistent-cache load); the step

@@ -4,7 +4,7 @@ Resumable by construction: the batch for step ``s`` is ``dataset[s - 1]`` (rando
 ``fold_in(seed, s)``, so restoring the step-``s`` checkpoint replays exactly what an uninterrupted run does.
 
 Asynchronous: the loop never waits on the device between log, eval and checkpoint steps (metrics stay on the device
-until then, batches are prefetched by a background thread, the state is donated); see :func:`_train_loop`.
+until then, batches are prefetched by a background thread, the state is donated); see :mod:`attn_lab.train.loop`.
 """
 
 from __future__ import annotations
