@@ -243,22 +243,21 @@ def write_results(workdir: str, results: dict[str, Any]) -> None:
     write_json_atomic(os.path.join(workdir, RESULTS_FILE), results)
 
 
-def write_reevaluation(workdir: str, step: int, scores: dict[str, dict[str, float]], stamp: str,
-                       environment: dict[str, Any], config: dict[str, Any]) -> str:
-    """``results.reeval-<stamp>[-n].json`` beside results.json (a name no earlier re-evaluation holds); returns it."""
+def reevaluation_path(workdir: str, stamp: str) -> str:
+    """``results.reeval-<stamp>[-n].json`` beside results.json: a name no earlier re-evaluation holds."""
     stem, n = os.path.join(workdir, f"results.reeval-{stamp}"), 1
     path = stem + ".json"
     while os.path.exists(path):
         n += 1
         path = f"{stem}-{n}.json"
-    write_json_atomic(path, {"step": step, "finished": is_finished(workdir), "final": scores, "reevaluated_at": stamp,
-                             "environment": environment, "config": config})
     return path
 
 
-def reevaluation_path(workdir: str, stamp: str) -> str:
-    """Where :func:`write_reevaluation` would write now (for a process that does not write: not the main one)."""
-    return os.path.join(workdir, f"results.reeval-{stamp}.json")
+def write_reevaluation(path: str, step: int, scores: dict[str, dict[str, float]], stamp: str,
+                       environment: dict[str, Any], config: dict[str, Any]) -> None:
+    """A re-evaluation's record at ``path`` (:func:`reevaluation_path`); results.json stays as the run wrote it."""
+    write_json_atomic(path, {"step": step, "finished": is_finished(os.path.dirname(path)), "final": scores,
+                             "reevaluated_at": stamp, "environment": environment, "config": config})
 
 
 def stamp() -> str:

@@ -292,9 +292,12 @@ def reevaluate_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int])
             raise RunError(f"{run.workdirs[0]}/checkpoints holds no checkpoint to re-evaluate")
         scores = {split: run.evaluate(split) for split in ("validation", "test")}
         stamp = results.stamp()
-        return [results.write_reevaluation(w, run.start_step, {k: v[i] for k, v in scores.items()}, stamp,
-                                           run.environment, run.configs[i].to_dict()) if run.main
-                else results.reevaluation_path(w, stamp) for i, w in enumerate(run.workdirs)]
+        paths = [results.reevaluation_path(w, stamp) for w in run.workdirs]  # the same names on every process
+        for i, path in enumerate(paths):
+            if run.main:
+                results.write_reevaluation(path, run.start_step, {k: v[i] for k, v in scores.items()}, stamp,
+                                           run.environment, run.configs[i].to_dict())
+        return paths
     finally:
         run.close()
 
