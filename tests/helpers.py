@@ -101,3 +101,16 @@ def tiny_numbers(data_dir, **train):
                         checkpoint_every=6, max_eval_batches=2))
     c.train.update(train)
     return c
+
+
+def tiny_numbers_flags(data_dir, **train) -> list[str]:
+    """:func:`tiny_numbers` as the command line of ``python -m attn_lab.train`` (after ``--config``
+    ``configs/numbers.py:quick``): the same run identity (tests/test_run_identity.py checks it)."""
+    c = tiny_numbers(data_dir, **train)
+    keys = {"task.data_dir": data_dir, "task.max_value": c.task.max_value, "model.num_layers": c.model.num_layers,
+            "model.d_model": c.model.d_model, "model.mlp_dim": c.model.mlp_dim, "model.num_heads": c.model.num_heads,
+            "model.dropout": c.model.dropout, **{f"train.{k}": c.train[k] for k in (
+                "num_steps", "batch_size", "warmup_steps", "log_every", "eval_every", "checkpoint_every",
+                "max_eval_batches")}}
+    return [f"--config.{k}={v}" for k, v in keys.items()]
+

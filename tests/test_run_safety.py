@@ -18,11 +18,13 @@ import pytest
 from test_logging_checkpoint import _assert_state_equal, _state
 
 from attn_lab import results as results_lib
+from attn_lab.checks import RunError
+from attn_lab.sweep.runner import PROGRESS, screen_lines
 from attn_lab.train import trainer
 from attn_lab.train.checkpoint import Checkpointer, CheckpointError, restore_common
 from attn_lab.train.trainer import Run, TaskError, train_and_evaluate
 from attn_lab.train.workdir import WorkdirBusy, WorkdirLock
-from tests.helpers import ROOT, tiny_numbers
+from tests.helpers import ROOT, tiny_numbers, tiny_numbers_flags
 
 # A failed restore's abandoned TensorStore reads finish after the test that caused them at times; the library drops
 # their 'Event loop is closed' reports, but pytest swaps in its own unraisable hook per test and would warn.
@@ -104,9 +106,8 @@ def test_rerunning_a_finished_run_says_so_and_changes_nothing(finished, tmp_path
     again = train_and_evaluate(finished["config"], workdir)
     assert capsys.readouterr().out == f"{workdir}: finished at step 12 (results.json); nothing to do\n"
     assert again == json.load(open(os.path.join(workdir, "results.json")))
-    proc = subprocess.run([*TRAIN, "--workdir", workdir, f"--config.task.data_dir={finished['config'].task.data_dir}",
-                           "--config.compile_cache=", "--config.train.num_steps=12"], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([*TRAIN, "--workdir", workdir, *tiny_numbers_flags(finished["config"].task.data_dir),
+                           "--config.compile_cache="], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"{workdir}: finished at step 12 (results.json); nothing to do\n"
     assert _snapshot(workdir) == before  # no file written, touched or added (no W&B run either)
@@ -114,7 +115,7 @@ def test_rerunning_a_finished_run_says_so_and_changes_nothing(finished, tmp_path
 
 def test_finished_seeds_are_left_alone_while_the_others_train(finished, tmp_path, capsys):
     """``--seeds 0,1`` where seed 0's folder holds a finished run: only seed 1 trains (alone); a longer
-    train.num_steps does not extend a finished run either, and the line says how to train on."""
+    train.num_steps is another run: refused in one line naming the key and both values, nothing written."""
     done, fresh = _copy(finished, tmp_path), str(tmp_path / "seed1")
     before = _snapshot(done)
     config = finished["config"].copy_and_resolve_references()
@@ -124,9 +125,57 @@ def test_finished_seeds_are_left_alone_while_the_others_train(finished, tmp_path
     assert results[1]["config"]["seed"] == 1 and results[1]["seeds_vectorized"] == 1 and results[1]["steps"] == 12
     assert capsys.readouterr().out.startswith(f"{done}: finished at step 12 (results.json); nothing to do\n")
     config.train.num_steps = 20
-    assert train_and_evaluate(config, done) == results[0] and _snapshot(done) == before
-    assert capsys.readouterr().out == (f"{done}: finished at step 12 (results.json); nothing to do "
-                                       "(train.num_steps=20 here: to train on, move its results.json away and rerun)\n")
+    with pytest.raises(RunError) as info:
+        train_and_evaluate(config, done)
+    assert str(info.value) == (f"{done} was trained with train.num_steps=12 ({done}/results.json), this config has "
+                               "train.num_steps=20; give a new --workdir to train this config from scratch")
+    assert _snapshot(done) == before and capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("change", [{"learning_rate": 5e-3}, {"num_steps": 20}, {"eval_every": 4}])
+def test_resuming_with_another_config_stops_in_one_line_and_writes_nothing(finished, tmp_path, change):
+    """A run stopped before its end (no results.json) resumes only with the config it was trained with (its
+    config.json); a key that cannot change results (logging cadence, W&B, paths) may differ."""
+    workdir = _copy(finished, tmp_path)
+    for name in ("results.json", "training.json"):
+        os.remove(os.path.join(workdir, name))
+    before = _snapshot(workdir)
+    config = finished["config"].copy_and_resolve_references()
+    config.train.update(change)
+    (key, value), = change.items()
+    with pytest.raises(RunError) as info:
+        train_and_evaluate(config, workdir)
+    assert str(info.value).startswith(f"{workdir} was trained with train.{key}={finished['config'].train[key]!r} "
+                                      f"({workdir}/config.json), this config has train.{key}={value!r}; give a new")
+    assert _snapshot(workdir) == before
+    neutral = finished["config"].copy_and_resolve_references()
+    neutral.train.log_every, neutral.wandb.mode, neutral.heads.track = 3, "disabled", True
+    assert train_and_evaluate(neutral, workdir)["steps"] == 12  # resumed: its test, then results.json
+
+
+def test_a_rerun_started_while_the_run_finishes_its_test_leaves_the_finished_run_as_it_wrote_it(finished, tmp_path,
+                                                                                              monkeypatch, capsys):
+    """The race: a rerun checks the folder (not finished yet) and loads its data while the first process, in its
+    test evaluation, finishes and writes results.json. Under the lock the rerun finds the run finished and writes
+    nothing -- no second results.json (no ``final_test_resumed`` rewrite), no W&B run, no metrics line."""
+    workdir = _copy(finished, tmp_path)
+    os.remove(os.path.join(workdir, "results.json"))  # the first process is in its final test
+    config, real_load, seen = finished["config"], trainer._load_task, {}
+
+    def load_while_the_first_finishes(cfg):
+        if not seen:
+            seen["started"] = True
+            seen["first"] = train_and_evaluate(config, workdir)  # the first process finishes meanwhile
+            seen["files"] = _snapshot(workdir)
+        return real_load(cfg)
+
+    monkeypatch.setattr(trainer, "_load_task", load_while_the_first_finishes)
+    again = train_and_evaluate(config, workdir)
+    assert again == json.load(open(os.path.join(workdir, "results.json"))) == json.loads(json.dumps(seen["first"]))
+    after = _snapshot(workdir)  # the rerun took the lock and let it go (.lock emptied again): nothing else
+    assert {k: v for k, v in after.items() if k != ".lock"} == {k: v for k, v in seen["files"].items() if k != ".lock"}
+    assert after[".lock"][0] == seen["files"][".lock"][0]
+    assert capsys.readouterr().out.endswith(f"{workdir}: finished at step 12 (results.json); nothing to do\n")
 
 
 def test_reevaluate_writes_a_separate_file_only(finished, tmp_path):
@@ -245,7 +294,7 @@ def test_a_second_process_on_a_workdir_stops_in_one_line_and_a_dead_holder_s_loc
         proc = subprocess.run([*TRAIN, "--workdir", workdir, f"--config.task.data_dir={data_dir}",
                                "--config.compile_cache=", "--config.task.max_value=299"],
                               capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert proc.returncode == 75 and "Traceback" not in proc.stderr  # EX_TEMPFAIL: a sweep tells it apart
         assert proc.stderr.splitlines()[-1].startswith(f"error: {busy}"), proc.stderr
         assert os.listdir(workdir) == [".lock"]  # the second process wrote nothing
     finally:
@@ -279,3 +328,93 @@ def test_batch_size_is_checked_against_a_training_split_known_only_once_loaded(t
                                         r"examples\); lower it$"):
         Run(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+ANALYZE = [sys.executable, "-m", "attn_lab.analysis"]
+
+
+def _lines(stderr: str) -> list[str]:
+    """What a terminal shows of stderr, progress bars left out."""
+    return [line for line in screen_lines(stderr) if not PROGRESS.search(line)]
+
+
+@pytest.mark.slow
+def test_analysis_reads_only_finished_runs_unless_allowed_and_shows_only_its_own_lines(finished, tmp_path):
+    """An unfinished run is refused in one line naming its newest checkpoint (``--allow-unfinished`` analyzes it
+    and says so), a folder without checkpoints is refused before anything is built, and a successful analysis
+    prints nothing on stderr (orbax / TFDS / jax INFO lines are routed away; ``-v 0`` shows them)."""
+    done, unfinished, empty = _copy(finished, tmp_path), str(tmp_path / "unfinished"), str(tmp_path / "empty")
+    shutil.copytree(done, unfinished)
+    os.remove(os.path.join(unfinished, "results.json"))
+    os.makedirs(empty)
+    shutil.copy(os.path.join(done, "config.json"), empty)
+    before = {w: _snapshot(w) for w in (unfinished, empty)}
+    quick = ["--what", "importance", "--max-batches", "1"]
+    cases = [([*ANALYZE, "--workdir", unfinished, *quick],
+              f"error: --workdir: {unfinished} has not finished (no results.json; its newest checkpoint is step 12); "
+              "wait for it to finish, or pass --allow-unfinished to use step 12"),
+             ([*ANALYZE, "--workdir", empty, *quick, "--allow-unfinished"],
+              f"error: --workdir: {empty} has no checkpoint (the run has not saved one yet)")]
+    for cmd, line in cases:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1 and proc.stderr.strip() == line, proc.stderr
+    assert {w: _snapshot(w) for w in before} == before
+    ok = subprocess.run([*ANALYZE, "--workdir", done, *quick], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and _lines(ok.stderr) == [], ok.stderr
+    allowed = subprocess.run([*ANALYZE, "--workdir", unfinished, *quick, "--allow-unfinished"],
+                             capture_output=True, text=True, timeout=300)
+    assert allowed.returncode == 0, allowed.stderr
+    assert allowed.stdout.startswith(f"note: {unfinished} has not finished; using its newest checkpoint (step 12)")
+
+
+@ABANDONED_READS
+def test_analysis_of_a_run_whose_newest_checkpoint_is_corrupt_uses_the_previous_one_and_renames_nothing(
+        finished, tmp_path, capsys):
+    from attn_lab.train.restore import load_finished_run
+
+    workdir = _copy(finished, tmp_path)
+    _truncate_data(os.path.join(workdir, "checkpoints", "12"))
+    before = _snapshot(workdir)
+    run = load_finished_run(workdir)
+    assert run.step == 6 and _snapshot(workdir) == before
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"note: {workdir}/checkpoints: step 12 (ValueError: ") and line.endswith(
+        "cannot be read; using step 6")
+    _truncate_data(os.path.join(workdir, "checkpoints", "6"))
+    with pytest.raises(ValueError, match=r"checkpoints: no checkpoint can be read \(step 12: .*; step 6: "):
+        load_finished_run(workdir)
+
+
+# The train entry point with every checkpoint save from step 12 on failing as a full disk fails.
+DISK_FULL = """
+import errno, sys
+from attn_lab.train import checkpoint
+real = checkpoint.Checkpointer.save
+def save(self, step, state):
+    if step >= 12:
+        raise OSError(errno.ENOSPC, "No space left on device", self.directory + f"/{step}")
+    real(self, step, state)
+checkpoint.Checkpointer.save = save
+sys.argv = ["attn-train", *sys.argv[1:]]
+from attn_lab.train.__main__ import run
+run()
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_training_in_one_line_and_the_rerun_resumes_from_the_last_checkpoint(finished, tmp_path):
+    workdir, data = str(tmp_path / "run"), finished["config"].task.data_dir
+    args = ["--config", os.path.join(ROOT, "configs", "numbers.py:quick"), "--workdir", workdir,
+            *tiny_numbers_flags(data), "--config.compile_cache=", "--config.wandb.mode=disabled"]
+    full = subprocess.run([sys.executable, "-c", DISK_FULL, *args], capture_output=True, text=True, timeout=300)
+    assert full.returncode == 1 and "Traceback" not in full.stderr
+    assert _lines(full.stderr) == [f"error: disk full writing {workdir}/checkpoints/12 (No space left on device); "
+                                   "nothing written before is lost: free space and rerun the same command to resume"]
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["6"]
+    assert not os.path.exists(os.path.join(workdir, "results.json"))
+    again = subprocess.run([*TRAIN, *args[2:]], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "resuming at step 6" in again.stdout, again.stderr
+    record = json.load(open(os.path.join(workdir, "results.json")))
+    for key, value in finished["results"]["final"]["test"].items():  # exactly the uninterrupted run's numbers
+        assert record["final"]["test"][key] == pytest.approx(value, rel=1e-6), key
+

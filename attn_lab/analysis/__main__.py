@@ -27,9 +27,12 @@ import sys
 
 from absl import flags
 
+from attn_lab import results
 from attn_lab.analysis import methods
 from attn_lab.analysis.methods._flags import ChoicesListParser, list_flag
+from attn_lab.checks import RunError
 from attn_lab.cli import main_args, run_entry_point
+from attn_lab.identity import check_finished
 
 METRICS = ("accuracy", "bleu", "exact_match")
 SPLITS = ("train", "validation", "test")
@@ -41,6 +44,8 @@ _WHAT = list_flag(ChoicesListParser(methods.names), "what", ",".join(methods.nam
 _SPLIT = flags.DEFINE_enum("split", "validation", SPLITS, "Split the importance, ablations and pruning use.")
 _MAX_BATCHES = flags.DEFINE_integer("max-batches", 8, "Batches of the split to use.", lower_bound=1)
 _METRIC = flags.DEFINE_enum("metric", "accuracy", METRICS, "ablate/prune: what to score.")
+_ALLOW_UNFINISHED = flags.DEFINE_bool("allow-unfinished", False, "Analyze a run that has not finished (its newest "
+                                      "checkpoint, named).")
 flags.mark_flag_as_required("workdir")
 for _method in methods.methods():  # --help lists each method's own flags with the command's
     flags.adopt_module_key_flags(sys.modules[_method.module])
@@ -55,8 +60,10 @@ def main(argv: list[str]) -> int:
     shared = SharedFlags(workdir=_WORKDIR.value, split=_SPLIT.value, max_batches=_MAX_BATCHES.value,
                          metric=_METRIC.value)
     try:
+        results.read_config(shared.workdir)  # a run folder, before anything else is said about it
+        check_finished(shared.workdir, "", _ALLOW_UNFINISHED.value)
         run = load_finished_run(shared.workdir)
-    except ValueError as e:
+    except (ValueError, RunError) as e:
         sys.exit(f"error: --workdir: {e}")
     if shared.metric != "accuracy" and not run.generates:
         sys.exit(f"error: --metric={shared.metric}: needs a translation run; {shared.workdir} is {run.kind} "

@@ -34,7 +34,7 @@ def finetune_masked(config: Any, source: str, masks: dict[str, np.ndarray], step
     c = derived_config(config, source, steps, os.path.basename(workdir))
     for kind, mask in masks.items():
         c.model.kinds[kind].head_mask = head_mask_text(mask)
-    train_and_evaluate(c, workdir)
+    train_and_evaluate(c, workdir, allow_unfinished=True)  # the analysis checked its source run
     return workdir
 
 
@@ -42,4 +42,4 @@ def train_gates(config: Any, source: str, target: float, steps: int, workdir: st
     """L0 gates trained on ``source``'s model to keep ``target`` of all heads; the run's results (with ``gates``)."""
     c = derived_config(config, source, steps, f"gates{target:g}")
     c.heads.gates.update(enabled=True, target=float(target))
-    return train_and_evaluate(c, workdir)
+    return train_and_evaluate(c, workdir, allow_unfinished=True)  # the analysis checked its source run

@@ -295,10 +295,21 @@ def _check_wandb(w: Any) -> None:
         raise ValueError(f"wandb.tags must be a tuple of strings, got {w.tags!r}")
 
 
+# What a run folder holds, by kind: a path of the wrong kind (a file named checkpoints) stops the run in one line.
+RUN_FOLDER = {"checkpoints": "folder", "wandb": "folder", "analysis": "folder", "config.json": "file",
+              "results.json": "file", "training.json": "file", "metrics.jsonl": "file"}
+
+
 def check_workdirs(workdirs: list[str]) -> None:
-    """The run folders scripts/train.py will write (checked before anything is created)."""
+    """The run folders scripts/train.py will write (checked before anything is created): writable, and what they
+    already hold of the kind a run writes there (:data:`RUN_FOLDER`)."""
     for workdir in workdirs:
         check_writable(workdir, "--workdir")
+        for name, kind in RUN_FOLDER.items():
+            path = os.path.join(workdir, name)
+            if os.path.lexists(path) and (os.path.isdir(path) != (kind == "folder") or not os.path.exists(path)):
+                raise ValueError(f"--workdir='{workdir}': {path} is not a {kind} (a run writes its {name} there); "
+                                 "move it away or use another --workdir")
 
 
 def _check_paths(config: Any, task: ResolvedTask) -> None:
@@ -319,11 +330,30 @@ def _check_paths(config: Any, task: ResolvedTask) -> None:
         raise ValueError(f"{e}, and task '{config.task.name}' is not prepared there (preparing writes it)") from None
 
 
-def validate_config(config: Any) -> None:
+def unused_kernel_options(m: Any, kinds: tuple[str, ...]) -> list[str]:
+    """``model.attention.<kernel>.<option>=<value>`` of each option set away from its default for a kernel that no
+    attention kind of the model uses: it does nothing. Not an error -- one experiment's ``overrides`` may set every
+    variant's options for all of its trials -- but the run says so (:func:`validate_config` returns these)."""
+    used = {attention_spec(m, kind)["name"] for kind in kinds}
+    out = []
+    for kernel in sorted(set(KERNELS) - used):
+        for option, default in default_options(kernel).items():
+            value = m.attention[kernel][option]
+            if _plain(value) != _plain(default):
+                out.append(f"model.attention.{kernel}.{option}={value!r}")
+    return out
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def validate_config(config: Any) -> list[str]:
     """Raises ValueError with one line naming the first bad key, its value and what is allowed.
 
     Never prepares data, compiles or writes a file. It builds one tiny instance of each attention kernel, so call it
-    after ``jax.distributed`` starts (:func:`check_parallel` is the part that can run before).
+    after ``jax.distributed`` starts (:func:`check_parallel` is the part that can run before). Returns the notes a
+    run prints before it starts: options set for a kernel no attention kind uses (:func:`unused_kernel_options`).
     """
     _check_finite(config)
     _check_scalars(config)
@@ -337,3 +367,7 @@ def validate_config(config: Any) -> None:
     _check_bleu(config.eval.bleu_tokenize, model_class(task.kind, config.model.name).GENERATES)
     _check_wandb(config.wandb)
     _check_paths(config, task)
+    unused = unused_kernel_options(config.model, tuple(kernels))
+    return [f"note: {', '.join(unused)} set, but no attention of this model uses that kernel (it has no effect; "
+            f"the kernels used: {', '.join(sorted({attention_spec(config.model, k)['name'] for k in kernels}))})"
+            ] if unused else []

@@ -17,13 +17,14 @@ import jax
 import numpy as np
 from flax import nnx
 
-from attn_lab import objectives, results
+from attn_lab import identity, objectives, results
 from attn_lab.attention.dispatch import describe_dispatch
 from attn_lab.checks import RunError, describe
 from attn_lab.data import load_task
 from attn_lab.environment import environment
 from attn_lab.models import build_model, count_params, supports_cached_decoding
 from attn_lab.models.gates import binary_gates
+from attn_lab.models.sites import decoding_attentions
 from attn_lab.train import learned as learned_lib
 from attn_lab.train import metrics as metrics_lib
 from attn_lab.train.capture import as_layers, capture_step, track_summary
@@ -43,6 +44,10 @@ class TaskError(RunError):
     """The task's data cannot be loaded, or its training split is smaller than one batch."""
 
 
+class FinishedMeanwhile(RunError):
+    """A folder's run finished (another process wrote its results.json) between the check and the lock."""
+
+
 class Run:
     """One config trained for one or more seeds: task, compiled steps, state, loggers and checkpointers.
 
@@ -53,7 +58,9 @@ class Run:
 
     def __init__(self, config: Any, workdirs: str | Sequence[str], seeds: Sequence[int] | None = None, *,
                  log: bool = True):
-        """``log=False``: no metrics.jsonl or W&B run is opened (a re-evaluation writes neither)."""
+        """``log=False``: no metrics.jsonl or W&B run is opened (a re-evaluation writes neither). With ``log``
+        (training), each folder's identity is checked again once its lock is held: a run another process finished
+        meanwhile raises :class:`FinishedMeanwhile` before anything is written."""
         self.workdirs = [workdirs] if isinstance(workdirs, str) else list(workdirs)
         self.seeds = [int(config.seed)] if seeds is None else list(seeds)
         self.configs = [_with_seed(config, s, len(self.seeds)) for s in self.seeds]
@@ -66,6 +73,8 @@ class Run:
         self.locks = lock_workdirs(self.workdirs) if self.main else []
         self.ckpts, self.loggers = [], []
         try:
+            if log and self.main:
+                _check_identities(self.workdirs, self.configs, under_lock=True)
             self._build(config, log)
         except BaseException:
             self.close()
@@ -86,6 +95,8 @@ class Run:
                                                         objectives=objectives.configured(config),
                                                         num_steps=config.train.num_steps)
         self.decoders = _decoders(self.graphdef, self.task.max_target_length, models[0], n, config.eval)
+        self.uncached = sorted({a.kernel.name for a in decoding_attentions(models[0]) if not a.kernel.supports_decode}
+                               ) if models[0].GENERATES else []  # kernels that make generation re-run the prefix
         self.capture = (jax.jit(seed_map(capture_step(self.graphdef), n, (0, None)))
                         if config.heads.track else None)
         states = [init_state(nnx.to_pure_dict(nnx.state(m, nnx.Param)), model_state(m), tx, s)
@@ -228,49 +239,66 @@ def _with_seed(config: Any, seed: int, num_seeds: int) -> Any:
     return c
 
 
-def train_and_evaluate(config: Any, workdir: str, *, stop_after: int | None = None) -> dict:
+def train_and_evaluate(config: Any, workdir: str, *, stop_after: int | None = None,
+                       allow_unfinished: bool = False) -> dict:
     """Trains ``config`` in ``workdir`` (resuming from its last checkpoint) and writes results.json.
 
     Args:
       config: a ConfigDict shaped like :func:`attn_lab.train.config.base_config`.
       workdir: run folder; created if missing.
       stop_after: stop (with a checkpoint) after this step, as an interruption would; for resume tests.
+      allow_unfinished: ``train.init_from`` may name a run that has not finished (see :func:`train_seeds`).
 
     Returns:
       The results dict (also in ``workdir/results.json`` when training reached ``num_steps``); for a run that had
       already finished, its results.json, untouched.
     """
-    return train_seeds(config, [workdir], [int(config.seed)], stop_after=stop_after)[0]
+    return train_seeds(config, [workdir], [int(config.seed)], stop_after=stop_after,
+                       allow_unfinished=allow_unfinished)[0]
 
 
-def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *,
-                stop_after: int | None = None) -> list[dict]:
+def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *, stop_after: int | None = None,
+                allow_unfinished: bool = False) -> list[dict]:
     """Trains ``config`` once per seed, all seeds in one vmapped program; seed i writes into ``workdirs[i]``.
 
     Each folder ends up as a separate run with that seed would leave it (metrics.jsonl, W&B run, checkpoints,
     results.json); results also record ``seeds_vectorized``, the number of seeds that shared the program. A folder
     whose run already finished (it has results.json) is left untouched -- no file written, no W&B run started -- and
-    its results.json is returned: what a finished run wrote is never rewritten by a rerun.
+    its results.json is returned: what a finished run wrote is never rewritten by a rerun. A folder trained with
+    another config (:mod:`attn_lab.identity`) stops the run in one line. ``train.init_from`` must name a finished
+    run unless ``allow_unfinished`` (then its newest checkpoint is used, and named).
     """
     validate_config(config)
-    done = [results.finished_results(w) for w in workdirs]
-    for workdir, record in zip(workdirs, done):
-        if record is not None and jax.process_index() == 0:
-            print(_finished_line(workdir, results.steps(record), config.train.num_steps), flush=True)
-    todo = [i for i, record in enumerate(done) if record is None]
-    if todo:
-        trained = _train(config, [workdirs[i] for i in todo], [seeds[i] for i in todo], stop_after)
+    configs = [_with_seed(config, s, len(seeds)) for s in seeds]
+    while True:
+        done = _check_identities(workdirs, configs)
+        for workdir, record in zip(workdirs, done):
+            if record is not None and jax.process_index() == 0:
+                print(f"{workdir}: finished at step {results.steps(record)} ({results.RESULTS_FILE}); nothing to do",
+                      flush=True)
+        todo = [i for i, record in enumerate(done) if record is None]
+        if not todo:
+            return done
+        if config.train.init_from and not any(identity.has_checkpoint(workdirs[i]) for i in todo):
+            identity.check_finished(config.train.init_from, f"train.init_from='{config.train.init_from}'",
+                                    allow_unfinished)
+        try:
+            trained = _train(config, [workdirs[i] for i in todo], [seeds[i] for i in todo], stop_after)
+        except FinishedMeanwhile:  # another process finished one of them while this one loaded: check again
+            continue
         for i, record in zip(todo, trained):
             done[i] = record
+        return done
+
+
+def _check_identities(workdirs: Sequence[str], configs: Sequence[Any], under_lock: bool = False) -> list:
+    """Per folder: its results.json when it finished with this config, None when it is new or resumes with it;
+    a one-line RunError when it was trained with another config (see :mod:`attn_lab.identity`). ``under_lock``:
+    a finished one raises :class:`FinishedMeanwhile` (it finished after the first check)."""
+    done = [identity.check_same_run(w, c.to_dict()) for w, c in zip(workdirs, configs)]
+    if under_lock and any(record is not None for record in done):
+        raise FinishedMeanwhile(f"{workdirs[done.index(next(r for r in done if r is not None))]} finished meanwhile")
     return done
-
-
-def _finished_line(workdir: str, steps: int, num_steps: int) -> str:
-    """What a rerun of a finished run says; a longer ``train.num_steps`` does not extend it (that would rewrite its
-    results), and the line says how to train on."""
-    more = (f" (train.num_steps={num_steps} here: to train on, move its {results.RESULTS_FILE} away and rerun)"
-            if num_steps != steps else "")
-    return f"{workdir}: finished at step {steps} ({results.RESULTS_FILE}); nothing to do{more}"
 
 
 def reevaluate_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int]) -> list[str]:
@@ -327,12 +355,31 @@ def _announce(run: Run) -> None:
     if not run.main:
         return
     for w, c in zip(run.workdirs, run.configs):
-        results.write_config(w, c.to_dict())
+        if not run.start_step:  # a resumed run keeps the config.json it started with (the same identity)
+            results.write_config(w, c.to_dict())
+    for line in _cut_notes(run.task, run.config.task.name):
+        print(line, flush=True)
     resumed = f", resuming at step {run.start_step}" if run.start_step else ""
     vectorized = f", seeds {run.seeds} in one program" if len(run.seeds) > 1 else ""
     print(f"{run.config.task.name}: {run.task.kind} model, {run.num_params:,} parameters{vectorized}{resumed}",
           flush=True)
     print(run.dispatch, flush=True)
+    if run.uncached:
+        print(f"note: attention {', '.join(run.uncached)} has supports_decode=False: every decoding step re-runs the "
+              "decoder over the whole prefix (no KV cache), so evaluation decodes several times slower", flush=True)
+
+
+def _cut_notes(task: Any, name: str) -> list[str]:
+    """One line per split whose examples the task's length limits cut (the model trains on, and is scored on,
+    the cut sequences; a translation's BLEU still compares with the full references)."""
+    notes = []
+    for split in ("train", "validation", "test"):
+        cut = {key: c for key, c in task.overlong(split).items() if c[0]}
+        if cut:
+            said = "; ".join(f"task.{key}={getattr(task, key)} cuts {n} of the first {seen} examples (the longest: "
+                             f"{longest} tokens)" for key, (n, seen, longest) in cut.items())
+            notes.append(f"note: task '{name}', {split} split: {said}; raise it to keep them whole")
+    return notes
 
 
 def _training_records(run: Run, stats: LoopStats, start: float) -> list[dict]:
@@ -356,6 +403,7 @@ def _finish(run: Run, i: int, step: int, test: dict[str, float], training: dict,
     gates = binary_gates(run.parallel.fetch(unstack(run.state, i)["params"]), run.config.heads.gates.target)
     learned = run.learned_heads(i)  # per-head spans / alphas of kernels that learn their shape
     extra = ({} if gates is None else results.gates_record(gates)) | ({"learned": learned} if learned else {})
+    extra["config_fingerprint"] = identity.fingerprint(run.configs[i].to_dict())  # see attn_lab.identity
     record = results.results_record(workdir, test, training, time.time() - tested_from, run.configs[i].to_dict(),
                                     extra)
     if not results.test_logged(workdir, step):

@@ -108,6 +108,20 @@ class Task:
         """Text of token ids (stops at eos, skips pad and bos)."""
         return self.vocab.decode(ids)
 
+    def overlong(self, split: str, limit: int = 5000) -> dict[str, tuple[int, int, int]]:
+        """What this task's lengths cut in ``split``: per side whose key sets a limit (``task.max_input_length``,
+        ``task.max_target_length``), (examples cut, examples looked at -- the first ``limit`` --, longest in
+        tokens, eos included). Translation and classification only: a language model's rows are cut by design."""
+        sides = _SIDES.get(self.kind, {})
+        source = self._source(split)
+        seen = min(len(source), limit)
+        out = {}
+        for side, (field, extra, most) in sides.items():
+            lengths = [len(self.vocab.encode(pipeline.as_text(source[i][field]))) + extra for i in range(seen)]
+            longest, cap = max(lengths, default=0), getattr(self, most)
+            out[side] = (sum(n > cap for n in lengths), seen, longest)
+        return out
+
     def _source(self, split: str):
         if split not in self.sources:
             raise ValueError(f"unknown split {split!r}; choose one of: {', '.join(self.sources)}")
@@ -141,6 +155,11 @@ _REFERENCE: dict[str, Callable[[dict], Any]] = {
     "classification": lambda record: int(record["label"]),
     "lm": lambda record: None}  # scored by loss and accuracy, nothing is decoded
 KINDS: tuple[str, ...] = tuple(_BATCHING)
+# Per kind, the sides a length limit cuts: config key -> (record field, tokens added (eos), the Task attribute)
+_SIDES: dict[str, dict[str, tuple[str, int, str]]] = {
+    "translation": {"max_input_length": ("source", 1, "max_input_length"),
+                    "max_target_length": ("target", 1, "max_target_length")},
+    "classification": {"max_input_length": ("source", 0, "max_input_length")}}
 
 
 def _no_check(opts: dict[str, Any]) -> None:

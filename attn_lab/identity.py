@@ -1,0 +1,139 @@
+"""A run's identity: its resolved config, less the keys that cannot change what it computes.
+
+A resume, a rerun of a finished run and a sweep that skips a finished trial each compare the config they would run
+with the one the folder recorded (results.json's ``config`` for a finished run, else config.json once a checkpoint
+exists). A difference stops them with one line naming the key and both values -- a run is never continued, reused
+or tabulated under a config that did not produce it. The fingerprint (:func:`fingerprint`, in results.json and
+training.json) is the same comparison as one short hash.
+
+:data:`NEUTRAL` keys are left out: they say where files go or how often the loop logs or saves, not what it
+computes (the data order, dropout keys and the learning-rate schedule do not depend on them). ``train.eval_every``
+is *not* neutral: it decides which validation scores ``best`` picks from. Jax-free, like :mod:`attn_lab.results`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from attn_lab import results
+from attn_lab.checks import RunError
+
+# Where W&B logs, where the prepared data and the compiled programs are kept, the logging / checkpoint cadence,
+# the per-head diagnostics logged at evaluations, and a multi-host launch's addresses: none changes a number.
+NEUTRAL = ("wandb.", "task.data_dir", "compile_cache", "train.log_every", "train.checkpoint_every", "heads.track",
+           "parallel.coordinator_address", "parallel.process_id")
+ABSENT = "(absent)"
+
+
+def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{'train': {'learning_rate': 1e-3}}`` -> ``{'train.learning_rate': 1e-3}``; values as JSON has them
+    (tuples are lists), so a recorded and a live config compare equal when they are."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out |= flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = json.loads(json.dumps(value))
+    return out
+
+
+def comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """The keys that make the run's identity: every key but the :data:`NEUTRAL` ones and the options of kernels
+    no attention uses (``model.attention.<kernel>.*`` of a kernel neither ``model.attention.name`` nor a
+    ``model.kinds.<kind>.attention`` names: they do nothing, see ``unused_kernel_options`` in train/config.py)."""
+    keys = flat(config)
+    used = {keys.get("model.attention.name")} | {v for k, v in keys.items()
+                                                 if k.startswith("model.kinds.") and k.endswith(".attention") and v}
+    unused = tuple(f"model.attention.{k.split('.')[2]}." for k in keys
+                   if k.startswith("model.attention.") and k.count(".") == 3 and k.split(".")[2] not in used)
+    return {k: v for k, v in keys.items()
+            if not (k.startswith(NEUTRAL) or k + "." in NEUTRAL or (unused and k.startswith(unused)))}
+
+
+def fingerprint(config: dict[str, Any]) -> str:
+    """16 hex digits of the sha256 of :func:`comparable`, canonical JSON."""
+    text = json.dumps(comparable(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, recorded value, current value)`` for each identity key that differs, sorted by key."""
+    old, new = comparable(recorded), comparable(current)
+    return [(k, old.get(k, ABSENT), new.get(k, ABSENT)) for k in sorted(set(old) | set(new))
+            if old.get(k, ABSENT) != new.get(k, ABSENT)]
+
+
+def mismatch_text(where: str, source: str, diffs: list[tuple[str, Any, Any]], fresh: str) -> str:
+    """One line: ``<where> was trained with <key>=<old> (<source>); this <...> has <key>=<new>`` and how to go on."""
+    key, old, new = diffs[0]
+    more = f" (and {len(diffs) - 1} more: {', '.join(d[0] for d in diffs[1:4])}{', ...' if len(diffs) > 4 else ''})"
+    return (f"{where} was trained with {key}={old!r} ({source}), this config has {key}={new!r}"
+            f"{more if len(diffs) > 1 else ''}; {fresh}")
+
+
+FRESH = "give a new --workdir to train this config from scratch"
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+    """The steps ``workdir/checkpoints`` holds a folder for, ascending (jax-free: orbax names them by step)."""
+    folder = os.path.join(workdir, "checkpoints")
+    return sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
+
+
+def has_checkpoint(workdir: str) -> bool:
+    """Whether ``workdir/checkpoints`` holds a step folder (what a resume would start from)."""
+    return bool(checkpoint_steps(workdir))
+
+
+def recorded_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
+    """(the config the folder's run was trained with, the file it came from); None when nothing was trained yet.
+
+    A finished run: results.json's ``config`` (config.json where an old record lacks it). An unfinished one: its
+    config.json once a checkpoint exists (before that there is nothing to resume, and a new start rewrites it).
+
+    Raises:
+      RunError: results.json or config.json cannot be read, or a checkpoint exists without config.json.
+    """
+    record = results.finished_results(workdir)
+    if record is not None and isinstance(record.get("config"), dict):
+        return record["config"], os.path.join(workdir, results.RESULTS_FILE)
+    if record is None and not has_checkpoint(workdir):
+        return None, ""
+    path = os.path.join(workdir, results.CONFIG_FILE)
+    try:
+        config = results.read_record(workdir, results.CONFIG_FILE)
+    except ValueError as e:
+        raise RunError(f"{e}; it records which config trained this run: restore it, or {FRESH}") from None
+    if config is None:
+        raise RunError(f"{workdir} holds a trained run but no {results.CONFIG_FILE}, so which config trained it "
+                       f"is unknown; restore the file, or {FRESH}")
+    return config, path
+
+
+def check_same_run(workdir: str, config: dict[str, Any], fresh: str = FRESH) -> dict[str, Any] | None:
+    """Raises a one-line :class:`RunError` when ``workdir`` holds a run trained with another identity than
+    ``config``; returns its results.json when it finished with this one (None otherwise)."""
+    recorded, source = recorded_config(workdir)
+    if recorded is not None:
+        diffs = differences(recorded, config)
+        if diffs:
+            raise RunError(mismatch_text(workdir, source, diffs, fresh))
+    return results.finished_results(workdir)
+
+
+def check_finished(workdir: str, what: str, allow_unfinished: bool) -> None:
+    """A command that reads a run's final state (``train.init_from``, the head analysis) refuses a run that has not
+    finished, in one line naming its newest checkpoint; ``allow_unfinished`` uses that checkpoint and says so.
+    ``what``: the key or flag that named the run, to start the line with ('' for none)."""
+    if results.finished_results(workdir) is not None:
+        return
+    steps, what = checkpoint_steps(workdir), f"{what}: " if what else ""
+    if not steps:
+        raise RunError(f"{what}{workdir} has no checkpoint (the run has not saved one yet)")
+    if not allow_unfinished:
+        raise RunError(f"{what}{workdir} has not finished (no {results.RESULTS_FILE}; its newest checkpoint is "
+                       f"step {steps[-1]}); wait for it to finish, or pass --allow-unfinished to use step {steps[-1]}")
+    print(f"note: {workdir} has not finished; using its newest checkpoint (step {steps[-1]})", flush=True)
