@@ -8,13 +8,18 @@ Lists are absl list flags written comma-separated (``--seeds 0,1,2``), parsed on
 from __future__ import annotations
 
 import ast
+import errno
 import os
 import re
 import sys
 from typing import Callable
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
+
+from attn_lab import signals
+from attn_lab.checks import call_user_function, load_user_module
 
 flags.disclaim_key_flags()  # a flag defined through this module belongs to its caller (shown by its --help)
 
@@ -85,9 +90,16 @@ def _check_config_file(argv: list[str]) -> None:
               for i, a in enumerate(argv) if a == "--config" or a.startswith("--config=")]
     if len(values) > 1:
         sys.exit(f"error: --config given {len(values)} times: {', '.join(values)}")
-    path = values[0].split(":", 1)[0] if values else None
-    if path is not None and not os.path.isfile(path):
+    path, _, preset = values[0].partition(":") if values else (None, "", "")
+    if path is None:
+        return
+    if not os.path.exists(path):
         sys.exit(f"error: --config={values[0]}: no such config file '{path}'")
+    try:  # loaded once here too, so a syntax error or a NameError in it is its file and line, not a traceback
+        module = load_user_module(path, "_attn_lab_config_check")
+        call_user_function(path, module, "get_config", *([preset] if preset else []))
+    except ValueError as e:
+        sys.exit(f"error: --config={values[0]}: {e}")
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -165,4 +177,44 @@ def run_entry_point(main: Callable[[list[str]], int | None], module: str,
     ``sys.argv[0]``, which is another file when a console script (``attn-train``) imports the module."""
     for flag in flags.FLAGS.get_key_flags_for_module(module):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    app.run(main, flags_parser=flags_parser)
+    signals.install()
+
+    def quiet_main(argv: list[str]) -> int | None:
+        quiet_libraries()
+        return main(argv)
+    try:
+        app.run(quiet_main, flags_parser=flags_parser)
+    except signals.Interrupted as e:
+        print(f"stopped by {e}; what was written before is intact, and the same command resumes", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except Exception as e:  # noqa: BLE001 (only a full disk, wrapped by whichever library hit it, is handled)
+        full = disk_full(e)
+        if full is None:
+            raise
+        sys.exit(f"error: disk full{f' writing {full.filename}' if full.filename else ''} "
+                 f"({os.strerror(full.errno)}); nothing written before is lost: free space and rerun the same "
+                 "command to resume")
+
+
+def quiet_libraries() -> None:
+    """A command shows its own lines only: the libraries' logging (orbax's checkpoint INFO, TFDS and absl warnings,
+    jax's backend probing, matplotlib's font cache) goes through absl's handler on the root logger, set to ERROR
+    here unless ``-v N`` / ``--verbosity=N`` was given (absl's own flag: ``-v 0`` shows INFO, ``-v -1`` warnings)."""
+    if not flags.FLAGS["verbosity"].present:
+        absl_logging.set_verbosity(absl_logging.ERROR)
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(error: BaseException) -> OSError | None:
+    """The ENOSPC / EDQUOT OSError in ``error``'s chain of causes (libraries wrap it), else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            return error
+        if "No space left on device" in str(error):
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        error = error.__cause__ or error.__context__
+    return None

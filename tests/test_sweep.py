@@ -69,6 +69,7 @@ def test_bad_experiment_is_one_line_before_any_trial(tmp_path, body, message):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_sweep_runs_records_failures_resumes_and_collects(tmp_path):
     """Two trials, one invalid (3 heads do not divide d_model 32): the other finishes, the failure is recorded,
     the exit code says so, and a rerun skips the finished trial."""
@@ -105,6 +106,7 @@ def test_sweep_runs_records_failures_resumes_and_collects(tmp_path):
     assert again["final"]["test"]["loss"] == pytest.approx(float(rows[0]["test_loss"]), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial_then_analyzes_and_tabulates(tmp_path):
     """--vmap-seeds: one process per group of trials differing only in seed; each seed's folder gets its own
     results.json (seed recorded, seeds_vectorized=2) and a results.csv row; the experiment's ``analyze`` runs on
@@ -206,6 +208,7 @@ def test_an_experiment_file_anywhere_resolves_its_config_next_to_itself_then_in_
         load_experiment(str(path))
 
 
+@pytest.mark.slow
 def test_a_trial_that_dies_of_nan_keeps_its_error_line_in_results_csv_and_the_tables(tmp_path):
     """One variant trains, one diverges: the sweep exits 1, the NaN trial's status is its one error line (not a
     progress bar), it stays in results.csv, and make_tables marks its row failed and lists it with that line."""
@@ -288,6 +291,7 @@ def test_trials_run_the_package_entry_point_not_a_script_path(tmp_path):
 QUICK = ["head_count", "pruning", "diversity", "dynamic", "variants"]
 
 
+@pytest.mark.slow
 def test_every_quick_preset_declares_a_design_on_seeds_its_pilot_did_not_use_and_dry_run_prints_its_power():
     """Pre-registration: each verdict preset names its findings, margins and pilot sds, its seeds are disjoint
     from the pilot's, and --dry-run says per finding what the preset can detect, before anything runs."""
@@ -308,6 +312,7 @@ def test_every_quick_preset_declares_a_design_on_seeds_its_pilot_did_not_use_and
         assert not os.path.exists("unused")  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_a_sweep_registers_its_design_when_it_starts_and_the_table_says_when_margins_changed(tmp_path):
     """sweep.json records the experiment file's sha256, design, seeds and budgets before the first trial; a rerun
     keeps that registration; after the margins are edited the table judges the registered design and says so."""
@@ -346,6 +351,7 @@ def test_a_sweep_registers_its_design_when_it_starts_and_the_table_says_when_mar
     assert "| one head is worse than eight | 24.9 vs 25.8 BLEU | 0.02 |" in verdict  # judged as registered
 
 
+@pytest.mark.slow
 def test_make_tables_tabulates_the_seeds_a_sweep_ran_with_seeds(tmp_path):
     """A pilot runs the preset on other seeds (--seeds): make_tables reads those from the registration, not the
     experiment file's."""
@@ -364,6 +370,7 @@ def test_make_tables_tabulates_the_seeds_a_sweep_ran_with_seeds(tmp_path):
     assert "(2) |" in (runs / "tables" / "x.md").read_text()  # both seeds, 3 and 4
 
 
+@pytest.mark.slow
 def test_a_resumed_sweep_must_run_the_seeds_and_overrides_it_registered(tmp_path):
     """sweep.json's registration names the seeds and the command-line overrides a sweep started with; a rerun in the
     same folder with other seeds, a repeated seed or another budget stops with one line before anything runs
@@ -385,3 +392,90 @@ def test_a_resumed_sweep_must_run_the_seeds_and_overrides_it_registered(tmp_path
         assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
         assert re.search(message, proc.stderr), proc.stderr
     assert sorted(os.listdir(runs)) == ["sweep.json"]  # nothing started
+
+
+def _finished_trials(exp, workdir, extra):
+    """Each trial's folder as a finished run trained with the config this sweep gives it (no training: the record
+    the trainer writes, with that config), so a sweep over them only checks and tabulates."""
+    from attn_lab.sweep.runner import trial_config
+
+    for trial in exp.trials():
+        folder = os.path.join(workdir, trial.name)
+        os.makedirs(folder)
+        record = {"final": {"validation": {"loss": 1.0}, "test": {"loss": 1.0, "accuracy": 0.5}},
+                  "best": {"loss": 1.0}, "steps": 4, "num_params": 10, "steps_per_sec": 1.0,
+                  "config": trial_config(exp, trial, extra)}
+        with open(os.path.join(folder, "results.json"), "w") as f:
+            json.dump(record, f)
+
+
+def _tree(folder) -> dict:
+    return {os.path.join(d, f): open(os.path.join(d, f), "rb").read() for d, _, fs in os.walk(folder) for f in fs}
+
+
+def test_a_sweep_never_reuses_a_trial_trained_with_another_config_or_a_folder_of_another_experiment(tmp_path):
+    """Finished trials are skipped only when their recorded config is the one this sweep gives them: a changed
+    pass-through override or a changed experiment file stops the sweep in one line naming the trial, the key and
+    both values; another experiment run into the same folder is refused; a second sweep of the same trials waits
+    for none (one line); --dry-run shows the pass-through overrides and writes nothing."""
+    from attn_lab.train.workdir import WorkdirLock
+
+    body = {**BASE, "grid": {"model.num_heads": [2, 4]}, "overrides": {"train.num_steps": 4}}
+    path, workdir = _experiment(tmp_path, body), str(tmp_path / "runs")
+    extra = [f"--config.task.data_dir={tmp_path / 'data'}"]
+    _finished_trials(load_experiment(path), workdir, extra)
+    cmd = [sys.executable, SWEEP, "--experiment", path, "--workdir", workdir, *extra]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0 and first.stdout.count(": skipped") == 2, first.stdout + first.stderr
+    before = _tree(workdir)
+    other = str(tmp_path / "other.py")
+    shutil.copy(path, other)
+    with open(other, "a") as f:
+        f.write("\n_base = get_experiment\nget_experiment = lambda preset='quick': {**_base(preset), 'name': 'u'}\n")
+    trial = os.path.join(workdir, "num_heads=2,seed=0")
+    cases = [
+        (cmd + ["--config.train.learning_rate=0.005"],
+         f"error: {trial} was trained with train.learning_rate=0.002 ({trial}/results.json), this config has "
+         "train.learning_rate=0.005; give the sweep a new --workdir (or move the trial's folder away)"),
+        ([sys.executable, SWEEP, "--experiment", other, "--workdir", workdir, *extra],
+         f"error: --workdir={workdir} holds the sweep 't' ({os.path.abspath(path)}:quick); this is 'u' "
+         f"({os.path.abspath(other)}:quick): give each experiment its own --workdir"),
+    ]
+    for args, line in cases:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1 and proc.stderr.strip() == line, proc.stderr
+    _experiment(tmp_path, {**body, "overrides": {"train.num_steps": 8}})  # the experiment file edited
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.startswith(f"error: {trial} was trained with train.num_steps=4 ("), \
+        proc.stderr
+    _experiment(tmp_path, body)
+    lock = WorkdirLock(workdir, name=".sweep-0of1.lock")
+    lock.acquire()
+    try:
+        busy = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    finally:
+        lock.release()
+    assert busy.returncode == 1 and busy.stderr.startswith(f"error: workdir {workdir} is in use by pid {os.getpid()}")
+    assert _tree(workdir) == before
+    new = str(tmp_path / "new")
+    dry = subprocess.run([sys.executable, SWEEP, "--experiment", path, "--workdir", new, "--dry-run",
+                          "--config.train.learning_rate=0.005"], capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0 and "every trial also gets: --config.train.learning_rate=0.005" in dry.stdout
+    assert not os.path.exists(new)
+
+
+@pytest.mark.parametrize("code,status,error_txt", [
+    (75, "busy: another process is training it", False),  # WorkdirBusy: another sweep trains it
+    (3, "failed: boom", True)])
+def test_a_trial_s_exit_code_sets_its_status_and_a_finished_folder_never_gets_error_txt(tmp_path, code, status,
+                                                                                        error_txt):
+    from attn_lab.sweep import runner
+
+    folder = str(tmp_path / "trial")
+    cmd = [sys.executable, "-c", f"import sys; print('error: boom', file=sys.stderr); sys.exit({code})"]
+    assert runner._run(cmd, [folder]) == status
+    assert os.path.exists(os.path.join(folder, "error.txt")) == error_txt
+    os.remove(os.path.join(folder, "error.txt")) if error_txt else None
+    with open(os.path.join(folder, "results.json"), "w") as f:  # another process finished it meanwhile
+        json.dump({"final": {}, "steps": 1}, f)
+    assert runner._run(cmd, [folder]) == "ok" and not os.path.exists(os.path.join(folder, "error.txt"))

@@ -23,7 +23,7 @@ import sys
 
 from absl import flags
 
-from attn_lab import results
+from attn_lab import results, signals
 from attn_lab.checks import RunError, check_seed, check_writable
 from attn_lab.cli import (
     DEFINE_integer_list,
@@ -37,9 +37,10 @@ from attn_lab.io import write_json_atomic
 from attn_lab.reporting.stats import INTERVAL
 from attn_lab.reporting.tables import read_json
 from attn_lab.reporting.verdicts import UNDECIDABLE, file_sha256, plan_text, registration
-from attn_lab.sweep.runner import collect, format_table, override_flags, run_sweep, write_csv
+from attn_lab.sweep.runner import check_trials, collect, format_table, override_flags, run_sweep, write_csv
 from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment
 from attn_lab.sweep.wandb_sweep import sweep_definition, trial_from_wandb, write_sweep_yaml
+from attn_lab.train.workdir import WorkdirBusy, WorkdirLock
 
 _EXPERIMENT = flags.DEFINE_string("experiment", None, "Experiment file, with ':preset' (default quick).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep folder: one sub-folder per trial, results.csv.")
@@ -85,15 +86,17 @@ def select(exp: Experiment) -> list[Trial]:
     return exp.trials()[index::count]
 
 
-def _check_workdir(exp: Experiment, workdir: str) -> None:
-    """The sweep folder can be written, and every finished trial's results.json there can be read (a rerun skips
-    those trials and tabulates them at the end)."""
+def _check_workdir(exp: Experiment, workdir: str, extra: list[str]) -> None:
+    """The sweep folder can be written, every finished trial's results.json there can be read, and every trained
+    trial there was trained with the config this sweep gives it (a rerun skips or resumes those trials and
+    tabulates them at the end: :func:`attn_lab.sweep.runner.check_trials`)."""
     check_writable(workdir, "--workdir")
     for trial in exp.trials():
         try:
             results.finished_results(os.path.join(workdir, trial.name))
         except RunError as e:
             raise ValueError(f"{e}; or delete it to rerun the trial") from None
+    check_trials(exp, workdir, extra)
 
 
 def _load() -> tuple[Experiment, list[Trial]]:
@@ -127,20 +130,42 @@ def design_text(exp: Experiment) -> str:
     return "\n".join(lines)
 
 
-def _registered(spec: str, workdir: str) -> dict | None:
-    """The registration this folder's sweep.json holds for the same experiment and preset (None: a new sweep)."""
-    path, _, preset = spec.partition(":")
+def _sweep_info(workdir: str) -> dict | None:
+    """This folder's sweep.json (None: none yet, or unreadable -- it is then replaced; the trials' own records
+    still guard their results, :func:`attn_lab.sweep.runner.check_trials`)."""
     try:
         old = read_json(os.path.join(workdir, "sweep.json"))
-    except (OSError, ValueError):  # an unreadable sweep.json is replaced (it only locates the experiment)
+    except (OSError, ValueError):
         return None
-    same = isinstance(old, dict) and old.get("experiment") == f"{os.path.abspath(path)}:{preset or 'quick'}"
-    return (old.get("registration") or None) if same else None
+    return old if isinstance(old, dict) else None
+
+
+def _registered(spec: str, workdir: str) -> dict | None:
+    """The registration this folder's sweep.json holds (None: a new sweep); :func:`_check_owner` made sure it is
+    this experiment's."""
+    return ((_sweep_info(workdir) or {}).get("registration") or None)
+
+
+def _check_owner(exp: Experiment, spec: str, workdir: str) -> None:
+    """A sweep folder belongs to one experiment: the same name and preset, from the same file (its path, or its
+    content where the file moved). Another one stops in one line -- its trials would be tabulated as this one's."""
+    old = _sweep_info(workdir)
+    if old is None:
+        return
+    path, _, preset = spec.partition(":")
+    was, now = old.get("experiment", ""), f"{os.path.abspath(path)}:{preset or 'quick'}"
+    was_preset = was.rpartition(":")[2]
+    same_file = was.rpartition(":")[0] == os.path.abspath(path) or (
+        (old.get("registration") or {}).get("experiment_sha256") == file_sha256(path))
+    if old.get("name") != exp.name or was_preset != (preset or "quick") or not same_file:
+        raise ValueError(f"--workdir={workdir} holds the sweep '{old.get('name')}' ({was}); this is '{exp.name}' "
+                         f"({now}): give each experiment its own --workdir")
 
 
 def _check_registration(exp: Experiment, spec: str, workdir: str, extra: list[str]) -> None:
     """A resumed sweep runs what it registered: the same seeds and command-line overrides (else its tables would
     judge trials the registration does not describe)."""
+    _check_owner(exp, spec, workdir)
     reg = _registered(spec, workdir)
     if reg is None:
         return
@@ -185,7 +210,7 @@ def main(argv: list[str]) -> int:
         exp, trials = _load()
         _check_overrides(exp, extra)
         if not (_EXPORT_WANDB.value or _DRY_RUN.value):
-            _check_workdir(exp, workdir)
+            _check_workdir(exp, workdir, extra)
             _check_registration(exp, spec, workdir, extra)
     except ValueError as e:
         sys.exit(f"error: {e}")
@@ -197,13 +222,42 @@ def main(argv: list[str]) -> int:
     if _DRY_RUN.value:
         for t in trials:
             print(t.name, " ".join(override_flags(t.overrides)))
+        print(f"every trial also gets: {' '.join(extra)}" if extra else "every trial also gets: no pass-through "
+              "overrides")
         print(design_text(exp))
         return 0
-    os.makedirs(workdir, exist_ok=True)
+    lock = None if _WANDB_TRIAL.value else _lock(workdir)  # W&B agents share one folder by design
+    try:
+        return _run(exp, spec, trials, workdir, extra)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _lock(workdir: str) -> WorkdirLock:
+    """The sweep folder's lock for this shard: a second sweep of the same trials stops in one line (shards of one
+    sweep run side by side; each trial folder has its own lock as well)."""
+    lock = WorkdirLock(workdir, name=f".sweep-{_SHARD.value.replace('/', 'of').replace(' ', '')}.lock")
+    try:
+        lock.acquire()
+    except WorkdirBusy as e:
+        sys.exit(f"error: {e}")
+    return lock
+
+
+def _run(exp: Experiment, spec: str, trials: list[Trial], workdir: str, extra: list[str]) -> int:
+    """Registers and runs the trials, then writes results.csv and the table (also after SIGINT / SIGTERM: then one
+    line says so and the exit code is 130 / 143)."""
     register(exp, spec, workdir, extra)
-    statuses = run_sweep(exp, trials, workdir, parallel=_PARALLEL.value, extra=extra, vmap_seeds=_VMAP_SEEDS.value)
+    statuses, signum = run_sweep(exp, trials, workdir, parallel=_PARALLEL.value, extra=extra,
+                                 vmap_seeds=_VMAP_SEEDS.value)
     rows = collect(exp, workdir, statuses)
     write_csv(rows, os.path.join(workdir, "results.csv"))
+    if signum is not None:
+        done = sum(s in ("ok", "skipped") for s in statuses.values())
+        print(f"stopped by {signals.NAMES.get(signum, signum)}: {done} of {len(trials)} trials finished, "
+              f"{os.path.join(workdir, 'results.csv')} written; the same command resumes the rest", file=sys.stderr)
+        return 128 + signum
     print(format_table(rows))
     return 0 if all(s in ("ok", "skipped") for s in statuses.values()) else 1
 

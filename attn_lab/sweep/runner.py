@@ -16,14 +16,20 @@ import io
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
-from attn_lab import results
+from attn_lab import identity, results, signals
+from attn_lab.checks import RunError
+from attn_lab.cli import check_config_overrides
 from attn_lab.io import write_text_atomic
 from attn_lab.markdown import markdown_table
-from attn_lab.sweep.spec import Experiment, Trial
+from attn_lab.sweep.spec import Experiment, Trial, load_config_file
+from attn_lab.train.workdir import BUSY_EXIT
 
 
 def override_flags(overrides: dict[str, Any]) -> list[str]:
@@ -39,6 +45,27 @@ def trial_command(exp: Experiment, trial: Trial, trial_dir: str, extra: list[str
     """The ``python -m attn_lab.train`` command of one trial (W&B group = the sweep's name)."""
     return [*TRAIN, "--config", exp.config, "--workdir", trial_dir, f"--config.wandb.group={exp.name}",
             *override_flags(trial.overrides), *extra]
+
+
+def trial_config(exp: Experiment, trial: Trial, extra: list[str]) -> dict[str, Any]:
+    """The resolved config the trial's ``python -m attn_lab.train`` runs (base config, the trial's overrides, then
+    the pass-through ones), as its config.json records it: what a finished or resumable trial is compared with."""
+    config = load_config_file(exp.config)
+    check_config_overrides(config, [*override_flags(trial.overrides), *extra])
+    return config.copy_and_resolve_references().to_dict()
+
+
+def check_trials(exp: Experiment, workdir: str, extra: list[str]) -> None:
+    """Every trial folder that holds a trained run (finished, or with a checkpoint) was trained with the config
+    this sweep would give it; else one ValueError line naming the trial, the key and both values."""
+    for trial in exp.trials():
+        folder = os.path.join(workdir, trial.name)
+        try:
+            if identity.recorded_config(folder)[0] is not None:
+                identity.check_same_run(folder, trial_config(exp, trial, extra),
+                                        fresh="give the sweep a new --workdir (or move the trial's folder away)")
+        except RunError as e:
+            raise ValueError(str(e)) from None
 
 
 def seed_groups(trials: list[Trial]) -> list[list[Trial]]:
@@ -111,28 +138,75 @@ def run_trial(exp: Experiment, trial: Trial, workdir: str, extra: list[str]) -> 
     return run_group(exp, [trial], workdir, extra)[trial.name]
 
 
+INTERRUPTED, BUSY, NOT_RUN = "interrupted", "busy: another process is training it", "not run"
+
+
+class Children:
+    """The trial processes running now, so a signal to the sweep can stop them: after :meth:`stop` no new one
+    starts and each running one gets SIGTERM (it checkpoints, exits 143, and resumes on the next run)."""
+
+    def __init__(self) -> None:
+        self.lock, self.running, self.signum = threading.Lock(), set(), None
+
+    def start(self, cmd: list[str]) -> subprocess.Popen | None:
+        with self.lock:
+            if self.signum is not None:
+                return None
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                    env=child_env())
+            self.running.add(proc)
+            return proc
+
+    def done(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.running.discard(proc)
+
+    def stop(self, signum: int) -> None:
+        with self.lock:
+            self.signum = signum
+            for proc in self.running:
+                proc.terminate()
+
+
+CHILDREN = Children()
+
+
 def _run(cmd: list[str], dirs: list[str]) -> str:
-    """Runs a command writing into ``dirs``; a failure leaves its last stderr lines in each error.txt and returns
-    ``'failed: <its error line>'``."""
-    for d in dirs:
-        os.makedirs(d, exist_ok=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
-    if proc.returncode == 0:
-        return "ok"
-    lines = [line for line in screen_lines(proc.stderr) if not PROGRESS.search(line)]
+    """Runs a command writing into ``dirs``: 'ok', 'interrupted' (the sweep was stopped), 'busy: ...' (another
+    process holds a folder), or ``'failed: <its error line>'`` with its last stderr lines in each error.txt -- never
+    in a folder whose run finished meanwhile (another sweep finished it: then 'ok')."""
+    proc = CHILDREN.start(cmd)
+    if proc is None:
+        return INTERRUPTED
+    try:
+        _, stderr = proc.communicate()
+    finally:
+        CHILDREN.done(proc)
+    if proc.returncode == 0 or (dirs and all(results.is_finished(d) for d in dirs)):
+        return "ok"  # (a failure in folders another process finished meanwhile: they are finished all the same)
+    if CHILDREN.signum is not None and proc.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM,
+                                                           128 + signal.SIGINT, -signal.SIGINT):
+        return INTERRUPTED
+    if proc.returncode == BUSY_EXIT:
+        return BUSY
+    lines = [line for line in screen_lines(stderr) if not PROGRESS.search(line)]
     lines = lines or [f"exit code {proc.returncode}"]
     for d in dirs:
-        write_text_atomic(pathlib.Path(d, "error.txt"), "\n".join(lines[-40:]) + "\n")
+        if not results.is_finished(d):
+            os.makedirs(d, exist_ok=True)  # a trial that failed before making its folder still gets its error.txt
+            write_text_atomic(pathlib.Path(d, "error.txt"), "\n".join(lines[-40:]) + "\n")
     return failed_status(lines)
 
 
 def child_env() -> dict[str, str]:
     """This process's environment with this attn_lab first on PYTHONPATH, so a trial's ``-m attn_lab.train`` (and
     ``-m attn_lab.analysis``) runs the same code as the sweep whether the package is installed or found on the
-    path."""
+    path; and this process's pid, which the child watches (:mod:`attn_lab.signals`: it stops when the sweep
+    dies)."""
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": package_parent + (os.pathsep + path if path else "")}
+    return {**os.environ, "PYTHONPATH": package_parent + (os.pathsep + path if path else ""),
+            signals.PARENT_ENV: str(os.getpid())}
 
 
 PROGRESS = re.compile(r"\d+%\|")  # a tqdm progress bar: '... 50%|#####     | 6/12 [...]'
@@ -167,18 +241,75 @@ def recorded_status(trial_dir: str) -> str:
 
 
 def run_sweep(exp: Experiment, trials: list[Trial], workdir: str, *, parallel: int = 1, extra: list[str] = (),
-              vmap_seeds: bool = False) -> dict[str, str]:
+              vmap_seeds: bool = False) -> tuple[dict[str, str], int | None]:
     """Runs ``trials`` (``parallel`` processes at once; with ``vmap_seeds`` one process per group of trials that
-    differ only in seed); returns trial name -> status."""
+    differ only in seed); returns (trial name -> status, the signal that stopped the sweep or None).
+
+    SIGINT / SIGTERM stop it: no further trial starts, the running ones get SIGTERM (each checkpoints and exits),
+    and their status is 'interrupted'. A line per trial that starts or ends shows the progress.
+    """
     units = seed_groups(trials) if vmap_seeds else [[t] for t in trials]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        futures = [pool.submit(run_group, exp, unit, workdir, list(extra)) for unit in units]
-        statuses: dict[str, str] = {}
-        for future in futures:
-            for name, status in future.result().items():
-                statuses[name] = status
-                print(f"[{len(statuses)}/{len(trials)}] {name}: {status}", flush=True)
+    progress, CHILDREN.signum = Progress(len(trials)), None
+    main = threading.current_thread() is threading.main_thread()  # only there can Python take a signal
+    previous = {s: signal.signal(s, lambda signum, _: CHILDREN.stop(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            futures = [pool.submit(_unit, exp, unit, workdir, list(extra), progress) for unit in units]
+            statuses: dict[str, str] = {}
+            for future in futures:
+                statuses |= future.result()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return {t.name: statuses[t.name] for t in trials}, CHILDREN.signum
+
+
+def _unit(exp: Experiment, unit: list[Trial], workdir: str, extra: list[str], progress: Progress) -> dict[str, str]:
+    """One group of trials, with its start and end on the progress lines (not started once the sweep stops)."""
+    if CHILDREN.signum is not None:
+        return {t.name: NOT_RUN for t in unit}
+    todo = [t for t in unit if not results.is_finished(os.path.join(workdir, t.name))]
+    if todo:
+        progress.started(todo)
+    statuses = run_group(exp, unit, workdir, extra)
+    progress.ended(statuses, len(todo))
     return statuses
+
+
+class Progress:
+    """``[done/total] <trial>: <status> | running R, left L, elapsed 1m20s, about 3m left`` lines, as the trainer's
+    bar shows a run's progress (an estimate once a trial finished: the mean time of the trials run so far)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.running, self.ran = total, 0, 0, 0
+        self.start, self.lock = time.time(), threading.Lock()
+
+    def started(self, unit: list[Trial]) -> None:
+        with self.lock:
+            self.running += len(unit)
+            self._say(f"started {', '.join(t.name for t in unit)}")
+
+    def ended(self, statuses: dict[str, str], ran: int) -> None:
+        with self.lock:
+            self.running -= ran
+            for name, status in statuses.items():
+                self.done += 1
+                self.ran += status not in ("skipped", INTERRUPTED)
+                self._say(f"{name}: {status}")
+
+    def _say(self, what: str) -> None:
+        elapsed = time.time() - self.start
+        left = self.total - self.done - self.running
+        eta = (f", about {_duration(elapsed / self.ran * (left + self.running / 2))} left"
+               if self.ran and left + self.running else "")
+        print(f"[{self.done}/{self.total}] {what} | running {self.running}, left {left}, elapsed "
+              f"{_duration(elapsed)}{eta}", flush=True)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
 
 
 def collect(exp: Experiment, workdir: str, statuses: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -188,8 +319,9 @@ def collect(exp: Experiment, workdir: str, statuses: dict[str, str] | None = Non
         row = {k.split(".")[-1]: trial.point[k] for k in exp.swept_keys()}
         row["trial"] = trial.name
         record = results.finished_results(os.path.join(workdir, trial.name))
-        if record is not None:
-            row["status"] = (statuses or {}).get(trial.name, "ok")
+        if record is not None:  # finished, whatever another process said about it meanwhile
+            said = (statuses or {}).get(trial.name, "ok")
+            row["status"] = said if said in ("ok", "skipped") else "ok"
             row.update(results.summary_row(record))
         else:
             row["status"] = (statuses or {}).get(trial.name) or recorded_status(os.path.join(workdir, trial.name))

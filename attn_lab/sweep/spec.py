@@ -30,7 +30,6 @@ unequal length and duplicate trials each stop with one line.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import os
 import re
@@ -38,7 +37,7 @@ from typing import Any
 
 import ml_collections
 
-from attn_lab.checks import check_seed
+from attn_lab.checks import call_user_function, check_seed, load_user_module
 from attn_lab.reporting.verdicts import Design
 
 KEYS = ("name", "config", "overrides", "grid", "zip", "variants", "seeds", "analyze", "design")
@@ -117,14 +116,13 @@ def _text(value: Any) -> str:
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
-    """``'configs/x.py[:arg]'`` -> ``get_config(arg)``, as ml_collections' config flags load it."""
+    """``'configs/x.py[:arg]'`` -> ``get_config(arg)``, as ml_collections' config flags load it; a file that does
+    not load or run is one line naming the file and line (:func:`attn_lab.checks.load_user_module`)."""
     file, _, arg = path.partition(":")
-    if not os.path.isfile(file):
+    if not os.path.exists(file):
         raise ValueError(f"config file not found: {file}")
-    spec = importlib.util.spec_from_file_location("_attn_lab_config", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg) if arg else module.get_config()
+    module = load_user_module(file, "_attn_lab_config")
+    return call_user_function(file, module, "get_config", *([arg] if arg else []))
 
 
 def _check_key(config: ml_collections.ConfigDict, key: str, where: str) -> None:
@@ -161,6 +159,8 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
     path, _, preset = spec.partition(":")
     if not os.path.exists(path):
         raise ValueError(f"experiment file not found: {path}")
+    if not os.path.isfile(path):
+        raise ValueError(f"--experiment={spec}: {path} is a folder, not an experiment file")
     raw, module = _raw_experiment(path, preset or "quick")
     root = root or PROJECT_ROOT
     config_path = resolve_config(raw["config"], path, root)
@@ -185,6 +185,9 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
     seeds = _values(path, "seeds", raw.get("seeds", [0]))
     for seed in seeds:
         check_seed(seed, f"{path}: seeds")
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        raise ValueError(f"{path}: seeds: seed {twice[0]} is given twice; give each seed once")
     exp = Experiment(name=raw["name"], config=config_path, root=root, overrides=dict(raw.get("overrides", {})),
                      axes=axes, seeds=seeds, variants=dict(variants), analyze=dict(raw.get("analyze", {})),
                      report_fn=getattr(module, "report", None), design=raw.get("design"))
@@ -197,12 +200,10 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
 
 def _raw_experiment(path: str, preset: str) -> tuple[dict[str, Any], Any]:
     """(``get_experiment(preset)`` of the file, checked for its keys and their types (one line each), the module)."""
-    mod_spec = importlib.util.spec_from_file_location("_attn_lab_experiment", path)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
+    module = load_user_module(path, "_attn_lab_experiment")
     if not callable(getattr(module, "get_experiment", None)):
         raise ValueError(f"{path}: no get_experiment(preset) function")
-    raw = module.get_experiment(preset)
+    raw = call_user_function(path, module, "get_experiment", preset)
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: get_experiment({preset!r}) must return a dict, got {type(raw).__name__}")
     unknown = set(raw) - set(KEYS)

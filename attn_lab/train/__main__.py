@@ -12,16 +12,19 @@ several seeds in one vmapped program, each written to its own folder exactly as 
 import json
 import sys
 
-from absl import flags, logging
+from absl import flags
 from ml_collections import config_flags
 
 from attn_lab import results
 from attn_lab.checks import RunError, check_seed
 from attn_lab.cli import DEFINE_integer_list, main_args, run_entry_point
+from attn_lab.identity import checkpoint_steps
+from attn_lab.signals import Interrupted
 from attn_lab.train.config import check_parallel, check_workdirs, validate_config
 from attn_lab.train.parallel import initialize_distributed
 from attn_lab.train.seeds import seed_workdirs
 from attn_lab.train.trainer import reevaluate_seeds, train_seeds
+from attn_lab.train.workdir import BUSY_EXIT, WorkdirBusy
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, optionally with ':preset'.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (metrics, checkpoints, W&B, results.json).")
@@ -29,17 +32,18 @@ _SEEDS = DEFINE_integer_list("seeds", None, "Comma-separated seeds trained toget
                               "must then contain {seed}. Default: config.seed alone.")
 _REEVALUATE = flags.DEFINE_bool("reevaluate", False, "Evaluate the newest checkpoint again (validation and test) into "
                                 "<workdir>/results.reeval-<time>.json; results.json and metrics.jsonl are not touched.")
+_ALLOW_UNFINISHED = flags.DEFINE_bool("allow-unfinished", False, "Let train.init_from name a run that has not "
+                                      "finished (its newest checkpoint is used, and named).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv: list[str]) -> int:
     main_args(argv)
-    logging.set_verbosity(logging.WARNING)  # orbax/tfds INFO lines drown the progress bar
     config = _CONFIG.value
     try:  # every check below writes nothing: a bad input stops here, in one line, before any file exists
         check_parallel(config)  # pure Python, so it can run before jax.distributed starts
         initialize_distributed(config.parallel)  # multi-host: before any other JAX work
-        validate_config(config)  # every key, path and late option, before any data or compilation
+        notes = validate_config(config)  # every key, path and late option, before any data or compilation
         seeds = _SEEDS.value if _SEEDS.value is not None else [config.seed]
         for seed in seeds if _SEEDS.value is not None else ():  # config.seed is checked with the config
             check_seed(seed, "--seeds")
@@ -47,19 +51,37 @@ def main(argv: list[str]) -> int:
         check_workdirs(workdirs)
     except ValueError as e:
         sys.exit(f"error: {e}")
+    for note in notes:
+        print(note, flush=True)
     try:
         if _REEVALUATE.value:
             for path in reevaluate_seeds(config, workdirs, seeds):
                 print(f"wrote {path}")
             return 0
         finished = [results.finished_results(w) is not None for w in workdirs]  # said by the trainer, not printed again
-        all_results = train_seeds(config, workdirs, seeds)
+        all_results = train_seeds(config, workdirs, seeds, allow_unfinished=_ALLOW_UNFINISHED.value)
+    except WorkdirBusy as e:  # another process trains there: a sweep tells this apart from a failure by the code
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(BUSY_EXIT)
     except (FloatingPointError, RunError) as e:  # non-finite loss: the last good checkpoint is kept
         sys.exit(f"error: {e}")
+    except Interrupted as e:
+        print(f"stopped by {e} {_where(e, workdirs)}; rerun the same command to resume", file=sys.stderr)
+        sys.exit(e.exit_code)
     for workdir, record, done in zip(workdirs, all_results, finished):
         if not done:
             print(json.dumps(results.printed(workdir, record), indent=2))
     return 0
+
+
+def _where(e: Interrupted, workdirs: list[str]) -> str:
+    """Where the interrupted run stands: the step it checkpointed, or its newest checkpoint."""
+    folder = workdirs[0] if len(workdirs) == 1 else f"{workdirs[0]} (and {len(workdirs) - 1} more)"
+    if e.step is not None:
+        return f"at step {e.step}, checkpointed in {folder}"
+    steps = checkpoint_steps(workdirs[0])
+    return (f"before training (nothing trained in {folder})" if not steps
+            else f"after step {steps[-1]}, its newest checkpoint in {folder}")
 
 
 def run() -> None:

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import tqdm
 
+from attn_lab import signals
 from attn_lab.train.prefetch import Prefetcher
 from attn_lab.train.seeds import stack_batches
 
@@ -112,7 +113,7 @@ def train_loop(run: Any, stop_after: int | None, prefetch: int = 2) -> LoopStats
     stats, window = LoopStats(run.start_step), _Window()
     read, place = _batch_reader(run, datasets)
     # The bar closes on errors too, so its last redraw comes before the error line, not after it at exit.
-    with bar, Prefetcher(read, range(run.start_step + 1, end + 1), depth=prefetch) as batches:
+    with bar, Prefetcher(read, range(run.start_step + 1, end + 1), depth=prefetch) as batches, signals.deferred():
         for step, batch in batches:
             called = time.perf_counter()
             run.state, m = run.train_step(run.state, place(batch))
@@ -122,7 +123,17 @@ def train_loop(run: Any, stop_after: int | None, prefetch: int = 2) -> LoopStats
             stats.step = step
             bar.update(1)
             window = _at_sync(run, window, stats, bar, end)
+            if signals.requested() is not None:
+                _stop(run, window, stats)
     return stats
+
+
+def _stop(run: Any, window: _Window, stats: LoopStats) -> None:
+    """A signal arrived: checkpoint this step (its loss checked first, as at any sync) and raise
+    :class:`attn_lab.signals.Interrupted` naming it, so a rerun resumes exactly here."""
+    window.sync(run)
+    run.save(stats.step)
+    raise signals.Interrupted(signals.requested(), step=stats.step)
 
 
 def _at_sync(run: Any, window: _Window, stats: LoopStats, bar: tqdm.tqdm, end: int) -> _Window:

@@ -21,6 +21,7 @@ from typing import Any
 from attn_lab.checks import RunError
 
 LOCK_FILE = ".lock"
+BUSY_EXIT = 75  # EX_TEMPFAIL: python -m attn_lab.train's exit code when another live process holds the folder
 
 
 class WorkdirBusy(RunError):
@@ -56,13 +57,13 @@ def _alive(info: dict[str, Any]) -> bool:
 class WorkdirLock:
     """``<workdir>/.lock`` held by this process (see the module docstring); creates the workdir."""
 
-    def __init__(self, workdir: str):
-        self.workdir, self.fd = workdir, None
+    def __init__(self, workdir: str, name: str = LOCK_FILE):
+        self.workdir, self.name, self.fd = workdir, name, None
 
     def acquire(self) -> None:
         """Takes the lock or raises :class:`WorkdirBusy`; prints one line when it takes over a stale lock."""
         os.makedirs(self.workdir, exist_ok=True)
-        fd = os.open(os.path.join(self.workdir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(os.path.join(self.workdir, self.name), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             self._flock(fd)
             previous = _read_holder(fd)  # read under the lock: stable
