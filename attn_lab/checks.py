@@ -6,8 +6,10 @@ Each raises a one-line ValueError naming the key, the value and what is allowed,
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import tempfile
+import traceback
 from typing import Any, Callable
 
 
@@ -19,6 +21,49 @@ def describe(error: BaseException) -> str:
     """``'<ExceptionName>: <first line>'`` of an error, short enough for a one-line message."""
     first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
     return f"{type(error).__name__}: {first[:160]}{'...' if len(first) > 160 else ''}"
+
+
+def _line_in(path: str, error: BaseException) -> str:
+    """``<path>:<line>`` of the deepest frame of ``error``'s traceback inside ``path`` (``<path>`` when none)."""
+    full = os.path.abspath(path)
+    if isinstance(error, SyntaxError) and error.lineno and os.path.abspath(error.filename or "") == full:
+        return f"{path}:{error.lineno}"
+    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if os.path.abspath(f.filename) == full]
+    return f"{path}:{lines[-1]}" if lines else path
+
+
+def user_file_error(path: str, error: BaseException) -> ValueError:
+    """A user's Python file (a config or experiment) that failed to load or run, as one line: the file and line
+    where it failed and the error, e.g. ``configs/x.py:12: NameError: name 'foo' is not defined``."""
+    what = f"SyntaxError: {error.msg}" if isinstance(error, SyntaxError) else describe(error)
+    return ValueError(f"{_line_in(path, error)}: {what}")
+
+
+def load_user_module(path: str, name: str) -> Any:
+    """Executes the Python file ``path`` as module ``name``; a missing file, a folder, a syntax error or an error
+    raised while it runs is a one-line ValueError naming the file and line (:func:`user_file_error`)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} is a folder, not a Python file" if os.path.isdir(path) else f"no such file: {path}")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 (the user's code can raise anything: report where)
+        raise user_file_error(path, e) from None
+    return module
+
+
+def call_user_function(path: str, module: Any, function: str, *args: Any) -> Any:
+    """``module.<function>(*args)`` of a file loaded by :func:`load_user_module`; its errors as one line too."""
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise ValueError(f"{path}: no {function}() function")
+    try:
+        return fn(*args)
+    except ValueError:  # the file's own one-line message for a bad argument (an unknown preset): kept as it is
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise user_file_error(path, e) from None
 
 
 SEEDS = range(2**32)  # the data pipeline's shuffle seeds (grain) take [0, 2**32 - 1]
@@ -40,6 +85,8 @@ def _can_write(folder: str) -> bool:
 def check_writable(path: str, key: str) -> None:
     """``path`` is a folder this process can write in, or one it can create (its nearest existing ancestor is a
     writable folder); creates nothing."""
+    if not str(path).strip():
+        raise ValueError(f"{key}='{path}' is empty; name a folder")
     full = os.path.abspath(os.path.expanduser(path))
     existing = full
     while not os.path.exists(existing):

@@ -33,10 +33,32 @@ def write_text_atomic(path: pathlib.Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def _umask() -> int:
+    """This process's umask (read without changing it where /proc tells, else set and restored at once)."""
+    try:
+        with open("/proc/self/status") as f:
+            return int(next(line.split()[1] for line in f if line.startswith("Umask:")), 8)
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
+def _mode(path: pathlib.Path) -> int:
+    """A file's mode as ``open(path, 'w')`` leaves it: an existing file keeps its own, a new one gets 0o666 less
+    the umask."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
+
+
 def write_bytes_atomic(path: pathlib.Path, data: bytes) -> None:
-    """:func:`write_text_atomic` for bytes."""
+    """:func:`write_text_atomic` for bytes, with the mode ``open()`` would leave (:func:`_mode`): mkstemp's temp
+    file is owner-only, and a result a collaborator cannot read on shared storage is lost to them."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _mode(path))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -171,11 +171,38 @@ BAD_TRAIN_FLAGS = [
     ([*QUICK, "--workdir", "{w}/{{seed}}", "--seeds", "0,x"], "--seeds=0,x: give comma-separated integers, e.g. 0,1,2"),
     ([*QUICK, "--workdir", "{w}", "--seed", "1"], "unknown flag --seed; see --help"),
     ([*QUICK, "--workdir", "{w}", "extra"], "unexpected arguments ['extra']; every argument is a --flag"),
+    (["--config", "{tmp}/syntax.py", "--workdir", "{w}"], "--config={tmp}/syntax.py: {tmp}/syntax.py:2: SyntaxError: "),
+    (["--config", "{tmp}/name.py:quick", "--workdir", "{w}"],
+     "--config={tmp}/name.py:quick: {tmp}/name.py:3: NameError: name 'base' is not defined"),
+    (["--config", "{tmp}/folder.py", "--workdir", "{w}"], "{tmp}/folder.py is a folder, not a Python file"),
+    ([*QUICK, "--workdir", ""], "--workdir='' is empty; name a folder"),
+    ([*QUICK, "--workdir", "{tmp}/ckpt_file"],
+     "--workdir='{tmp}/ckpt_file': {tmp}/ckpt_file/checkpoints is not a folder (a run writes its checkpoints there)"),
+    ([*QUICK, "--workdir", "{tmp}/results_dir"], "{tmp}/results_dir/results.json is not a file"),
+    ([*QUICK, "--workdir", "{w}", "--config.task.max_value=1000000000000"],
+     "task.max_value=1000000000000: 1,000,000,000,001 integers from task.min_value=0; at most 10,000,000"),
+    ([*QUICK, "--workdir", "{w}", "--config.train.init_from={tmp}/unfinished"],
+     "train.init_from='{tmp}/unfinished': {tmp}/unfinished has not finished (no results.json; its newest checkpoint "
+     "is step 4); wait for it to finish, or pass --allow-unfinished to use step 4"),
 ]
 
 
-def test_bad_train_command_lines_are_one_line_and_write_nothing(tmp_path):
+def _bad_files(tmp_path) -> None:
+    """The files BAD_TRAIN_FLAGS name: config files with errors, run folders with the wrong things in them."""
     (tmp_path / "a_file").write_text("")
+    (tmp_path / "syntax.py").write_text("def get_config():\n    return {'a': 1\n")
+    (tmp_path / "name.py").write_text("def get_config(preset=''):\n    c = {}\n    return base\n")
+    (tmp_path / "folder.py").mkdir()
+    (tmp_path / "ckpt_file").mkdir()
+    (tmp_path / "ckpt_file" / "checkpoints").write_text("")
+    (tmp_path / "results_dir" / "results.json").mkdir(parents=True)
+    (tmp_path / "unfinished" / "checkpoints" / "4").mkdir(parents=True)
+    (tmp_path / "unfinished" / "config.json").write_text("{}")
+
+
+def test_bad_train_command_lines_are_one_line_and_write_nothing(tmp_path):
+    _bad_files(tmp_path)
+    before = _files(tmp_path)
     fill = lambda a: a.replace("{w}", str(tmp_path / "w")).replace("{tmp}", str(tmp_path))
     commands = [TRAIN + [fill(a) for a in args] + [f"--config.task.data_dir={tmp_path / 'data'}"]
                 for args, _ in BAD_TRAIN_FLAGS]
@@ -183,7 +210,7 @@ def test_bad_train_command_lines_are_one_line_and_write_nothing(tmp_path):
         assert proc.returncode != 0, args
         assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), (args, proc.stderr)
         assert fill(message) in proc.stderr, (args, proc.stderr)
-    assert _files(tmp_path) == [str(tmp_path / "a_file")]
+    assert _files(tmp_path) == before
 
 
 def _experiment(tmp_path, name: str, body: str) -> str:
@@ -202,6 +229,9 @@ BAD_EXPERIMENTS = [
     ("seeds", "{'name': 'x', " + SPEC + ", 'seeds': [0, -1]}", "seeds must be an integer in [0, 2**32 - 1], got -1"),
     ("nobase", "{'name': 'x', 'config': 'configs/nope.py'}", "config='configs/nope.py': config file not found"),
     ("shape", "{'name': 'x', " + SPEC + ", 'grid': [1]}", "experiment key 'grid' must be a dict"),
+    ("twice", "{'name': 'x', " + SPEC + ", 'seeds': [0, 1, 0]}", "seeds: seed 0 is given twice; give each seed once"),
+    ("syntax", "{'name': 'x', " + SPEC, "syntax.py:2: SyntaxError: "),
+    ("name", "{'name': x, " + SPEC + "}", "name.py:2: NameError: name 'x' is not defined"),
 ]
 
 
@@ -250,6 +280,9 @@ def test_bad_sweep_command_lines_are_one_line_and_write_nothing(tmp_path):
         (["--config", good, "--workdir", new],
          f"--config={good}: the sweep takes its experiment file as --experiment FILE[:preset]"),
         (["--workdir", new], "--experiment is required"),
+        (["--experiment", str(tmp_path / "experiments"), "--workdir", new],
+         f"--experiment={tmp_path / 'experiments'}: {tmp_path / 'experiments'} is a folder, not an experiment file"),
+        (["--experiment", good, "--workdir", ""], "--workdir='' is empty; name a folder"),
     ]
     for (args, message), proc in zip(cases, _run_all([sweep + a for a, _ in cases], ROOT)):
         assert proc.returncode != 0, args

@@ -32,6 +32,7 @@ def grid_plot(path: str, grids: dict[str, np.ndarray], title: str) -> None:
     for ax, (kind, grid) in zip(axes[0], grids.items()):
         im = ax.imshow(np.asarray(grid), cmap="viridis", aspect="auto")
         ax.set(title=kind, xlabel="head", ylabel="layer")
+        _integer_ticks(ax.xaxis, ax.yaxis)  # layers and heads are counted: no tick at layer 0.5
         fig.colorbar(im, ax=ax)
     fig.suptitle(title)
     _save(fig, path)
@@ -49,10 +50,19 @@ def histogram_plot(path: str, values: dict[str, np.ndarray], *, xlabel: str, tit
     _save(fig, path)
 
 
+def _integer_ticks(*axes) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(integer=True))
+
+
 def line_plot(path: str, lines: dict[str, tuple[list[float], list[float]]], *, xlabel: str, ylabel: str,
-              title: str, spread: dict[str, list[tuple[float, float]]] | None = None) -> None:
+              title: str, spread: dict[str, list[tuple[float, float]]] | None = None,
+              spread_label: str = "error bars: min-max over seeds") -> None:
     """One line per name through its (x, y) points, e.g. a metric vs % of heads pruned per pruning order;
-    ``spread[name]``: a (low, high) error bar per point (e.g. the seeds' range)."""
+    ``spread[name]``: a (low, high) error bar per point (e.g. the seeds' range), named by ``spread_label`` in the
+    legend's title. An x axis of whole numbers only (heads kept, layers) gets whole-number ticks."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for name, (x, y) in lines.items():
@@ -63,7 +73,9 @@ def line_plot(path: str, lines: dict[str, tuple[list[float], list[float]]], *, x
         else:
             ax.plot(x, y, marker="o", label=name)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.legend()
+    if all(float(v).is_integer() for x, _ in lines.values() for v in x):
+        _integer_ticks(ax.xaxis)
+    ax.legend(title=spread_label if spread else None, title_fontsize="small")
     _save(fig, path)
 
 

@@ -88,10 +88,14 @@ class Vocab:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "Vocab":
-        """Reads a vocab written by `save`."""
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        return cls(tuple(data["tokens"]), data["level"])
+        """Reads a vocab written by `save`; a damaged file is one ValueError line naming it."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            return cls(tuple(data["tokens"]), data["level"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"vocabulary {path} cannot be read ({type(e).__name__}: {e}); delete it and it is "
+                             "built again from the prepared training split") from None
 
 
 def content_ids(ids: Sequence[int]) -> list[int]:

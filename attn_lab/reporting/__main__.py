@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import sys
 
 from absl import flags
@@ -80,8 +81,14 @@ def main(argv: list[str]) -> int:
         with open(_BENCH.value) as f:
             bench = list(csv.DictReader(f))
     out = _OUT.value or os.path.join(sweep_dir, "tables")
+    new = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    tables = exp.report_fn(rows, sweep_dir, exp, out, bench)
+    try:
+        tables = exp.report_fn(rows, sweep_dir, exp, out, bench)
+    except (ValueError, RunError) as e:  # an analysis JSON of a trial cannot be read: one line naming it
+        if new:  # a refused command leaves no folder
+            shutil.rmtree(out, ignore_errors=True)
+        sys.exit(f"error: {e}")
     print(write_tables(out, name, tables))
     envs = _environments(sweep_dir, rows)
     print("Environments of these runs:\n" + "\n".join(f"  {line}" for line in envs))

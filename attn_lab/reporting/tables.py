@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from attn_lab.checks import describe
 from attn_lab.markdown import cell, markdown_table
 
 
@@ -119,8 +120,11 @@ def read_json(path: str) -> Any | None:
     """A JSON file, or None when it does not exist (an analysis that was not run)."""
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:  # one line naming the file, for the commands to print
+        raise ValueError(f"{path} cannot be read ({describe(e)}); rerun what wrote it, or move it away") from None
 
 
 def read_sweep_info(sweep_dir: str) -> dict | None:

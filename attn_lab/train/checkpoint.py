@@ -26,22 +26,44 @@ from attn_lab.checks import RunError, describe
 CORRUPT = ".corrupt-"  # '<step>.corrupt-<time>': a step set aside; orbax lists only integer names, so it is ignored
 
 
+def _abandoned_read(error: BaseException | None, obj: Any) -> bool:
+    """Whether an unraisable error (or an unretrieved future's) is a read a failed restore left behind: its
+    callback hit orbax's closed event loop, or orbax's array-read coroutine failed after nobody awaited it."""
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        return True
+    code = getattr(obj, "cr_code", None)
+    return (code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename) or (
+        error is not None and str(error).startswith("Encountered error while reading array index"))
+
+
+class _AbandonedReads(logging.Filter):
+    """asyncio's 'exception was never retrieved' log records of abandoned reads (see :func:`_abandoned_read`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else getattr(record, "exception", None)
+        future = record.args.get("future") if isinstance(record.args, dict) else None
+        if error is None and future is not None and future.done() and not future.cancelled():
+            error = future.exception()
+        return not ("never retrieved" in str(record.msg) and _abandoned_read(error, None))
+
+
 def _drop_abandoned_reads() -> None:
-    """A failed restore leaves TensorStore reads in flight; when they complete, their callbacks hit orbax's closed
-    event loop and Python prints each as an unraisable 'RuntimeError: Event loop is closed' traceback -- dozens of
-    them, up to a second after the one-line report. From the first restore attempt on, those and only those are
-    dropped; every other unraisable error still goes to the previous hook."""
+    """A failed restore leaves TensorStore reads in flight; when they complete, Python prints each as an unraisable
+    traceback (their callbacks hit orbax's closed event loop, or the read coroutine fails with nobody waiting) and
+    asyncio logs their futures' exceptions -- thousands of lines, up to a second after the one-line report. From the
+    first restore attempt on, those and only those are dropped; every other unraisable error still goes to the
+    previous hook, every other log record to its handlers."""
     previous = sys.unraisablehook
     if getattr(previous, "drops_abandoned_reads", False):
         return
 
     def hook(unraisable: Any) -> None:
-        error = unraisable.exc_value
-        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+        if not _abandoned_read(unraisable.exc_value, unraisable.object):
             previous(unraisable)
 
     hook.drops_abandoned_reads = True
     sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(_AbandonedReads())
 
 
 class CheckpointError(RunError):

@@ -144,6 +144,8 @@ def _truncate_jsonl(path: pathlib.Path, resume_step: int) -> None:
             record = json.loads(line)
         except json.JSONDecodeError:  # a line torn by a crash: drop it
             continue
+        if not isinstance(record, dict) or not isinstance(record.get("step", -1), int):
+            continue  # not a step's record (edited by hand): dropped like a torn line
         if record.get("step", -1) <= resume_step:
             kept.append(line)
     write_text_atomic(path, "".join(line + "\n" for line in kept))

@@ -127,6 +127,9 @@ class Numbers(builders.SyntheticBuilder, skip_registration=True):
             yield int(example["value"]), example
 
 
+MAX_VALUES = 10_000_000  # integers one numbers dataset may hold (preparing 10M takes minutes and a few GB)
+
+
 def check(opts: dict[str, Any]) -> None:
     """Languages num2words knows, and a range wide enough for every split."""
     for key in ("src_lang", "tgt_lang"):
@@ -135,6 +138,10 @@ def check(opts: dict[str, Any]) -> None:
     if opts["max_value"] - opts["min_value"] < 9:
         raise ValueError(
             f"task.max_value={opts['max_value']!r} must be at least min_value+9 so every split gets integers")
+    if opts["max_value"] - opts["min_value"] >= MAX_VALUES:
+        raise ValueError(f"task.max_value={opts['max_value']!r}: {opts['max_value'] - opts['min_value'] + 1:,} "
+                         f"integers from task.min_value={opts['min_value']!r}; at most {MAX_VALUES:,} (each one is "
+                         "written out in words when the data is prepared, all in memory)")
 
 
 def tfds_builder(opts: dict[str, Any]) -> tuple[type[Numbers], NumbersConfig]:
