@@ -409,7 +409,8 @@ def test_a_full_disk_stops_training_in_one_line_and_the_rerun_resumes_from_the_l
     full = subprocess.run([sys.executable, "-c", DISK_FULL, *args], capture_output=True, text=True, timeout=300)
     assert full.returncode == 1 and "Traceback" not in full.stderr
     assert _lines(full.stderr) == [f"error: disk full writing {workdir}/checkpoints/12 (No space left on device); "
-                                   "nothing written before is lost: free space and rerun the same command to resume"]
+                                   "the newest checkpoint, step 6, is intact: free space and rerun the same command "
+                                   "to resume"]
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["6"]
     assert not os.path.exists(os.path.join(workdir, "results.json"))
     again = subprocess.run([*TRAIN, *args[2:]], capture_output=True, text=True, timeout=300)

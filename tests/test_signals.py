@@ -38,6 +38,13 @@ def _wait_for(path: str, proc: subprocess.Popen, timeout: float = 240) -> None:
         time.sleep(0.2)
 
 
+def _free(workdir: str) -> None:
+    """The folder's lock is free (no process trains there): taken and let go, or WorkdirBusy."""
+    lock = WorkdirLock(workdir)
+    lock.acquire()
+    lock.release()
+
+
 def _test_metrics(workdir: str) -> dict:
     with open(os.path.join(workdir, "results.json")) as f:
         return json.load(f)["final"]["test"]
@@ -63,7 +70,7 @@ def test_a_signalled_training_run_checkpoints_says_one_line_and_resumes_to_the_u
     assert line == (f"stopped by {signals.NAMES[signum]} at step {step}, checkpointed in {stopped}; rerun the same "
                     "command to resume")
     assert str(step) in os.listdir(os.path.join(stopped, "checkpoints")) and step < 40
-    WorkdirLock(stopped).acquire()  # released
+    _free(stopped)
     resumed = subprocess.run([*TRAIN, "--workdir", stopped, *_flags(data_dir)], capture_output=True, text=True,
                              timeout=300)
     assert resumed.returncode == 0 and f"resuming at step {step}" in resumed.stdout, resumed.stderr
@@ -106,7 +113,7 @@ def test_a_signalled_sweep_stops_its_trials_writes_results_csv_and_resumes_to_th
                            "written; the same command resumes the rest"]
     assert [r["status"] for r in _rows(workdir)] == ["interrupted", "not run"]
     assert not os.path.exists(os.path.join(first, "error.txt"))  # an interrupted trial did not fail
-    WorkdirLock(first).acquire()  # its process has ended
+    _free(first)  # its process has ended
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
     assert [r["status"] for r in _rows(workdir)] == ["ok", "ok"]
@@ -129,7 +136,7 @@ def test_a_killed_sweep_leaves_no_trial_running(tmp_path, data_dir):
     end = time.time() + 60
     while True:  # the trial holds its folder's lock for as long as it runs
         try:
-            WorkdirLock(first).acquire()
+            _free(first)
             break
         except WorkdirBusy:
             assert time.time() < end, "the trial outlived its sweep"

@@ -209,13 +209,15 @@ def child_env() -> dict[str, str]:
             signals.PARENT_ENV: str(os.getpid())}
 
 
-PROGRESS = re.compile(r"\d+%\|")  # a tqdm progress bar: '... 50%|#####     | 6/12 [...]'
+# a tqdm progress bar: '... 50%|#####     | 6/12 [...]', or one without a total: '... 0 examples [00:00, ? examples/s]'
+PROGRESS = re.compile(r"\d+%\||\[\d\d:\d\d(:\d\d)?, [^\]]*/s\]")
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal control sequences (a nested bar's cursor-up)
 
 
 def screen_lines(text: str) -> list[str]:
     """The non-blank lines a terminal would show for ``text``: a progress bar redraws its line with carriage
-    returns, so only each line's last ``\\r`` segment remains."""
-    shown = [line.rsplit("\r", 1)[-1].rstrip() for line in text.split("\n")]
+    returns, so only each line's last ``\\r`` segment remains; control sequences are dropped."""
+    shown = [ANSI.sub("", line.rsplit("\r", 1)[-1]).rstrip() for line in text.split("\n")]
     return [line for line in shown if line.strip()]
 
 
