@@ -6,12 +6,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 BENCH = [sys.executable, os.path.join(ROOT, "scripts", "bench_train.py")]
 
 
+@pytest.mark.slow
 def test_bench_train_reports_tokens_per_second_and_utilization(tmp_path):
     out = tmp_path / "bt"
     proc = subprocess.run([*BENCH, "--d-model", "32", "--layers", "1", "--heads", "2", "--batch", "4", "--length", "8",
@@ -26,6 +29,7 @@ def test_bench_train_reports_tokens_per_second_and_utilization(tmp_path):
     assert "| matmul peak |" in out.with_suffix(".md").read_text()
 
 
+@pytest.mark.slow
 def test_bench_train_loop_reports_trainer_over_bare_and_decoding_speedups(tmp_path):
     """``--loop`` at a tiny size, as a user runs it: every reported figure exists and is positive (ratios of wall
     times are benchmarks, not asserted here), and cached and uncached greedy decoding agree token for token."""
@@ -49,6 +53,7 @@ def test_bench_train_loop_reports_trainer_over_bare_and_decoding_speedups(tmp_pa
     assert md.count("| trainer loop | bare jitted step |") == 2 and "## Decoder-only LM" in md
 
 
+@pytest.mark.slow
 def test_bad_bench_train_flags_are_one_line_and_write_nothing(tmp_path):
     cases = [(["--dtype", "fp16"], "--dtype=fp16: value should be one of <float32|bfloat16>"),
              (["--peak-sizes", "256,x"], "--peak-sizes=256,x: give comma-separated integers"),

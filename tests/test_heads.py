@@ -12,6 +12,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from attn_lab.analysis import importance
@@ -145,6 +146,7 @@ def _analyze(command: list[str], *flags: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_analyze_heads_script_on_a_finished_run(tmp_path):
     c = _load("configs/listops.py").get_config("quick")
     c.task.data_dir, c.task.num_train, c.task.num_validation, c.task.num_test = str(tmp_path / "d"), 64, 16, 16

@@ -10,6 +10,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -28,6 +30,7 @@ def test_quickstart_is_two_commands_install_then_run():
     assert "README.md" in ci and "--system-site-packages" not in ci  # CI runs the README's command in a new venv
 
 
+@pytest.mark.slow
 def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
     """The README's sweep command (its own config and flags; workdir moved to tmp) with a --shard of two trials
     and a few steps, then its make_tables command on the result: the path a new user runs first."""

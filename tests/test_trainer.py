@@ -292,6 +292,7 @@ def test_translation_with_a_kernel_that_cannot_decode_from_a_cache(tmp_path, dat
     assert "bleu" in results["final"]["test"] and np.isfinite(results["final"]["test"]["loss"])
 
 
+@pytest.mark.slow
 def test_vectorized_seeds_equal_separate_runs(tmp_path, data_dir):
     """Seeds 0 and 1 trained in one vmapped program (interrupted and resumed on the way) write what two separate
     runs write: the same losses, eval metrics and greedy-decoding scores per step, within float tolerance.
@@ -418,6 +419,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_data_parallel_over_four_devices_and_two_processes_equals_one_device(tmp_path, data_dir):
     """Batch split over 4 (host-platform) devices with parameters replicated or FSDP-sharded, and over two processes
     joined by jax.distributed (multi-host on one machine, each host reading only its rows of every batch): the same
