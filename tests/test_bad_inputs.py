@@ -7,6 +7,7 @@ together because each spends seconds importing.
 """
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -323,7 +324,37 @@ BAD_ANALYSIS_AND_TABLES = [
     ([*TABLES, "--workdir", "{tmp}"], "--workdir={tmp}: not a sweep folder (no sweep.json)"),
     ([*TABLES, "--workdir", "{tmp}/runs"], "--workdir={tmp}/runs: no finished trial"),
     ([*TABLES, "--workdir", "{tmp}/runs", "--bogus"], "unknown flag --bogus"),
+    ([*ANALYZE, "--workdir", "{tmp}/badcfg"], "--workdir: {tmp}/badcfg/config.json cannot be read (JSONDecodeError: "),
+    ([*ANALYZE, "--workdir", "{tmp}/badres"],
+     "--workdir: {tmp}/badres/results.json cannot be read (a JSON list, not an object); a finished run's record is "
+     "never overwritten"),
+    ([*TABLES, "--workdir", "{tmp}/torn"], "{tmp}/torn/num_heads=2,seed=0/results.json cannot be read"),
+    ([*TABLES, "--workdir", "{tmp}/reads"],
+     "{tmp}/reads/num_heads=2,seed=0/analysis/importance.json cannot be read (JSONDecodeError: "),
 ]
+
+# A finished trial's record as the trainer writes it (what the tables read), and a report that reads its analysis.
+FINISHED = {"final": {"validation": {"loss": 1.0}, "test": {"loss": 1.0}}, "best": {"loss": 1.0}, "steps": 4,
+            "num_params": 10, "steps_per_sec": 1.0}
+READS = ("\n\ndef report(rows, sweep_dir, exp, out_dir, bench=None):\n    import os\n"
+         "    from attn_lab.reporting.tables import read_json\n"
+         "    read_json(os.path.join(sweep_dir, rows[0]['trial'], 'analysis', 'importance.json'))\n    return []\n")
+
+
+def _bad_run_folders(tmp_path, good: str, reads: str) -> None:
+    """Run and sweep folders with damaged records: config.json, results.json, a trial's results.json, an
+    analysis JSON a report reads."""
+    for name, files in {"badcfg": {"config.json": "{"}, "badres": {"config.json": "{}", "results.json": "[]"}}.items():
+        for file, text in files.items():
+            (tmp_path / name).mkdir(exist_ok=True)
+            (tmp_path / name / file).write_text(text)
+    for name, experiment in (("torn", good), ("reads", reads)):
+        trial = tmp_path / name / "num_heads=2,seed=0"
+        (trial / "analysis").mkdir(parents=True)
+        (tmp_path / name / "sweep.json").write_text(
+            f'{{"experiment": "{experiment}:quick", "root": "{ROOT}", "name": "x"}}')
+        (trial / "results.json").write_text('{"final": {"te' if name == "torn" else json.dumps(FINISHED))
+        (trial / "analysis" / "importance.json").write_text("{")
 
 
 def test_bad_analysis_and_tables_command_lines_are_one_line_and_write_nothing(tmp_path):
@@ -334,6 +365,10 @@ def test_bad_analysis_and_tables_command_lines_are_one_line_and_write_nothing(tm
     (tmp_path / "configs" / "numbers.py").symlink_to(os.path.join(ROOT, "configs", "numbers.py"))
     (tmp_path / "runs").mkdir()  # a sweep folder whose trials have not finished
     (tmp_path / "runs" / "sweep.json").write_text(f'{{"experiment": "{good}:quick", "root": "{ROOT}", "name": "x"}}')
+    reads = _experiment(tmp_path, "reads", "{'name': 'x', " + SPEC + ", 'grid': {'model.num_heads': [2, 4]}}")
+    with open(reads, "a") as f:
+        f.write(READS)
+    _bad_run_folders(tmp_path, good, reads)
     before = _files(tmp_path)
     fill = lambda a: a.replace("{tmp}", str(tmp_path))
     commands = [[fill(a) for a in command] for command, _ in BAD_ANALYSIS_AND_TABLES]

@@ -181,6 +181,7 @@ elif args[:2] == ["-m", "pytest"]:
 '''
 
 
+@pytest.mark.slow
 def test_script_runs_every_step_records_a_failure_and_exits_nonzero(tmp_path):
     fake = tmp_path / "python"
     fake.write_text(FAKE_PYTHON.format(python=sys.executable))

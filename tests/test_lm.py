@@ -213,6 +213,7 @@ def test_bad_lm_configs_are_one_line(override, message, tmp_path):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_an_lm_trains_with_gates_diversity_and_grouped_heads_and_the_head_analysis_runs_on_it(tmp_path):
     """The whole lab on the decoder-only model, as a user runs it: MQAR with grouped key/value heads, L0 head gates
     and an output-diversity term in the loss, then ``python -m attn_lab.analysis`` (importance, ablations, pruning

@@ -60,6 +60,7 @@ def toy_model(monkeypatch):
     return ToyPool
 
 
+@pytest.mark.slow
 def test_a_model_kind_registered_at_test_time_runs_the_whole_analysis_from_its_sites(toy_model):
     from attn_lab.train.config import base_config
 

@@ -75,6 +75,7 @@ def test_gates_at_one_equal_the_ungated_model_in_training_and_at_test():
     np.testing.assert_allclose(closed, plain(INPUTS, TARGETS, Ctx(), head_masks=mask), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_gate_target_is_met_from_a_finished_run(tmp_path):
     data = str(tmp_path / "data")
     base = tiny_numbers(data)

@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from attn_lab.reporting.tables import Table, mean_std
 from attn_lab.reporting.verdicts import UNDECIDABLE, Design
@@ -273,6 +274,7 @@ def _tables(command: list[str], *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run([*command, *flags], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_make_tables_tabulates_an_experiment_file_with_its_own_report_and_published_numbers(tmp_path):
     """A new table is one new file anywhere on disk: its sweep, report and paper numbers; nothing else is edited."""
     experiment = tmp_path / "mine" / "my_table.py"
@@ -371,3 +373,22 @@ def test_head_count_lm_report_judges_minus_the_test_loss(tmp_path):
     one_head = by_row[hc.FINDINGS_LM["A-h1"].claim]
     assert one_head[3].startswith("-0.100 [-0.100, -0.100]") and one_head[6] == "reproduced"
     assert by_row[hc.FINDINGS_LM["MQA-h8"].claim][6] == "reproduced" and "minus the test loss" in verdicts.note
+
+
+def test_counted_axes_get_whole_number_ticks_and_error_bars_say_what_they_are(tmp_path, monkeypatch):
+    """Layers and heads (a heatmap's axes, the gates' heads kept) are counted: no tick at layer 0.5; a plot with
+    error bars names them in its legend."""
+    from attn_lab.analysis import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    plots.grid_plot(str(tmp_path / "g.png"), {"encoder_self": np.arange(15.0).reshape(3, 5)}, "importance")
+    plots.line_plot(str(tmp_path / "l.png"), {"gates": ([2, 5, 7], [0.5, 0.6, 0.7])}, xlabel="heads kept",
+                    ylabel="bleu", title="gates", spread={"gates": [(0.4, 0.6), (0.5, 0.7), (0.6, 0.8)]})
+    plots.line_plot(str(tmp_path / "p.png"), {"importance": ([0.0, 12.5, 25.0], [0.5, 0.4, 0.3])},
+                    xlabel="% pruned", ylabel="bleu", title="pruning")
+    heat, gates, pruning = (f.axes[0] for f in figures)
+    for ticks in (heat.get_xticks(), heat.get_yticks(), gates.get_xticks()):
+        assert len(ticks) and all(float(t).is_integer() for t in ticks), ticks
+    assert gates.get_legend().get_title().get_text() == "error bars: min-max over seeds"
+    assert pruning.get_legend().get_title().get_text() == ""  # no bars, no title

@@ -178,6 +178,7 @@ def test_a_rerun_started_while_the_run_finishes_its_test_leaves_the_finished_run
     assert capsys.readouterr().out.endswith(f"{workdir}: finished at step 12 (results.json); nothing to do\n")
 
 
+@pytest.mark.slow
 def test_reevaluate_writes_a_separate_file_only(finished, tmp_path):
     workdir = _copy(finished, tmp_path)
     before = _snapshot(workdir)

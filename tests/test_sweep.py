@@ -413,6 +413,7 @@ def _tree(folder) -> dict:
     return {os.path.join(d, f): open(os.path.join(d, f), "rb").read() for d, _, fs in os.walk(folder) for f in fs}
 
 
+@pytest.mark.slow
 def test_a_sweep_never_reuses_a_trial_trained_with_another_config_or_a_folder_of_another_experiment(tmp_path):
     """Finished trials are skipped only when their recorded config is the one this sweep gives them: a changed
     pass-through override or a changed experiment file stops the sweep in one line naming the trial, the key and
@@ -476,6 +477,7 @@ def test_a_trial_s_exit_code_sets_its_status_and_a_finished_folder_never_gets_er
     assert runner._run(cmd, [folder]) == status
     assert os.path.exists(os.path.join(folder, "error.txt")) == error_txt
     os.remove(os.path.join(folder, "error.txt")) if error_txt else None
+    os.makedirs(folder, exist_ok=True)  # (a busy trial's folder is the other process's to make)
     with open(os.path.join(folder, "results.json"), "w") as f:  # another process finished it meanwhile
         json.dump({"final": {}, "steps": 1}, f)
     assert runner._run(cmd, [folder]) == "ok" and not os.path.exists(os.path.join(folder, "error.txt"))

@@ -53,7 +53,7 @@ def _with_attention(config, attention):
     return config
 
 
-@pytest.mark.parametrize("attention", ["dense", "performer"])
+@pytest.mark.parametrize("attention", ["dense", pytest.param("performer", marks=pytest.mark.slow)])
 def test_resume_equals_uninterrupted(tmp_path, data_dir, attention):
     config = lambda: _with_attention(tiny_numbers(data_dir), attention)
     full = train_and_evaluate(config(), str(tmp_path / "full"))

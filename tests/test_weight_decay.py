@@ -75,6 +75,7 @@ def test_the_decay_mask_names_matrices_only_and_the_key_is_checked():
         validate_config(c)
 
 
+@pytest.mark.slow
 def test_vmapped_seeds_decay_the_same_parameters():
     """Under ``--seeds`` the update is vmapped: the mask sees one seed's shapes, so a [S, N] span is not taken for
     a matrix."""
