@@ -215,7 +215,8 @@ def recorded_training(workdir: str, num_params: int, steps: int, seeds_vectorize
     process was stopped before writing it (between its last checkpoint and the test)."""
     try:
         record = read_record(workdir, TRAINING_FILE)
-    except ValueError:
+    except ValueError as e:  # damaged: the test is still finished, its speed fields said to be unknown
+        print(f"note: {e}; results.json gets no speed fields", flush=True)
         record = None
     return {**dict.fromkeys(SPEED_FIELDS), "num_params": num_params, "steps": steps,
             "seeds_vectorized": seeds_vectorized, **(record or {}), "final_test_resumed": True}

@@ -428,6 +428,7 @@ def test_a_sweep_never_reuses_a_trial_trained_with_another_config_or_a_folder_of
     cmd = [sys.executable, SWEEP, "--experiment", path, "--workdir", workdir, *extra]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0 and first.stdout.count(": skipped") == 2, first.stdout + first.stderr
+    assert "[2/2] num_heads=4,seed=0: skipped | running 0, left 0, elapsed 0m" in first.stdout  # the progress line
     before = _tree(workdir)
     other = str(tmp_path / "other.py")
     shutil.copy(path, other)

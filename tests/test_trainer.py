@@ -379,7 +379,7 @@ for shard_params, workdir in ((False, {replicated!r}), (True, {fsdp!r})):
     c = tiny_numbers({data!r})
     c.wandb.mode, c.parallel.shard_params = "disabled", shard_params
     train_and_evaluate(c, workdir)
-    run = Run(c, workdir)  # the restored state, placed as training placed it
+    run = Run(c, workdir, log=False)  # the restored state, placed as training placed it (a finished run: no logger)
     leaves = jax.tree.leaves(run.state["params"])
     assert all(len(x.sharding.device_set) == 4 for x in leaves)
     assert any(not x.sharding.is_fully_replicated for x in leaves) == shard_params
