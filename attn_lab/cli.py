@@ -191,9 +191,7 @@ def run_entry_point(main: Callable[[list[str]], int | None], module: str,
         full = disk_full(e)
         if full is None:
             raise
-        sys.exit(f"error: disk full{f' writing {full.filename}' if full.filename else ''} "
-                 f"({os.strerror(full.errno)}); nothing written before is lost: free space and rerun the same "
-                 "command to resume")
+        sys.exit(disk_full_line(full))
 
 
 def quiet_libraries() -> None:
@@ -205,6 +203,12 @@ def quiet_libraries() -> None:
 
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_line(full: OSError, saved: str = "nothing written before is lost") -> str:
+    """The one line of a command stopped by a full disk: the file, the reason, what is intact, how to go on."""
+    return (f"error: disk full{f' writing {full.filename}' if full.filename else ''} ({os.strerror(full.errno)}); "
+            f"{saved}: free space and rerun the same command to resume")
 
 
 def disk_full(error: BaseException) -> OSError | None:

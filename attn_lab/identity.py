@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 from attn_lab import results
 from attn_lab.checks import RunError
@@ -36,19 +36,29 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         if isinstance(value, dict):
             out |= flat(value, f"{prefix}{key}.")
         else:
-            out[f"{prefix}{key}"] = json.loads(json.dumps(value))
+            out[f"{prefix}{key}"] = plain(value)
     return out
+
+
+def plain(value: Any) -> Any:
+    """``value`` as a JSON record holds it (a tuple is a list)."""
+    return json.loads(json.dumps(value))
+
+
+def unused_kernels(keys: dict[str, Any]) -> set[str]:
+    """The kernels whose options (``model.attention.<kernel>.*``) nothing uses: neither ``model.attention.name``
+    nor a ``model.kinds.<kind>.attention`` names them (``keys``: :func:`flat`; validation refuses a kind the model
+    does not have, so the names given are the ones used)."""
+    used = {keys.get("model.attention.name")} | {v for k, v in keys.items()
+                                                 if k.startswith("model.kinds.") and k.endswith(".attention") and v}
+    return {k.split(".")[2] for k in keys if k.startswith("model.attention.") and k.count(".") == 3} - used
 
 
 def comparable(config: dict[str, Any]) -> dict[str, Any]:
     """The keys that make the run's identity: every key but the :data:`NEUTRAL` ones and the options of kernels
-    no attention uses (``model.attention.<kernel>.*`` of a kernel neither ``model.attention.name`` nor a
-    ``model.kinds.<kind>.attention`` names: they do nothing, see ``unused_kernel_options`` in train/config.py)."""
+    no attention uses (:func:`unused_kernels`: they do nothing)."""
     keys = flat(config)
-    used = {keys.get("model.attention.name")} | {v for k, v in keys.items()
-                                                 if k.startswith("model.kinds.") and k.endswith(".attention") and v}
-    unused = tuple(f"model.attention.{k.split('.')[2]}." for k in keys
-                   if k.startswith("model.attention.") and k.count(".") == 3 and k.split(".")[2] not in used)
+    unused = tuple(f"model.attention.{kernel}." for kernel in unused_kernels(keys))
     return {k: v for k, v in keys.items()
             if not (k.startswith(NEUTRAL) or k + "." in NEUTRAL or (unused and k.startswith(unused)))}
 
@@ -88,8 +98,9 @@ def has_checkpoint(workdir: str) -> bool:
     return bool(checkpoint_steps(workdir))
 
 
-def recorded_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
-    """(the config the folder's run was trained with, the file it came from); None when nothing was trained yet.
+def recorded_config(workdir: str) -> tuple[dict[str, Any] | None, str, dict[str, Any] | None]:
+    """(the config the folder's run was trained with, the file it came from, its results.json when finished); the
+    config is None when nothing was trained yet.
 
     A finished run: results.json's ``config`` (config.json where an old record lacks it). An unfinished one: its
     config.json once a checkpoint exists (before that there is nothing to resume, and a new start rewrites it).
@@ -99,9 +110,9 @@ def recorded_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
     """
     record = results.finished_results(workdir)
     if record is not None and isinstance(record.get("config"), dict):
-        return record["config"], os.path.join(workdir, results.RESULTS_FILE)
+        return record["config"], os.path.join(workdir, results.RESULTS_FILE), record
     if record is None and not has_checkpoint(workdir):
-        return None, ""
+        return None, "", None
     path = os.path.join(workdir, results.CONFIG_FILE)
     try:
         config = results.read_record(workdir, results.CONFIG_FILE)
@@ -110,18 +121,21 @@ def recorded_config(workdir: str) -> tuple[dict[str, Any] | None, str]:
     if config is None:
         raise RunError(f"{workdir} holds a trained run but no {results.CONFIG_FILE}, so which config trained it "
                        f"is unknown; restore the file, or {FRESH}")
-    return config, path
+    return config, path, record
 
 
-def check_same_run(workdir: str, config: dict[str, Any], fresh: str = FRESH) -> dict[str, Any] | None:
+def check_same_run(workdir: str, config: dict[str, Any] | Callable[[], dict[str, Any]],
+                   fresh: str = FRESH) -> dict[str, Any] | None:
     """Raises a one-line :class:`RunError` when ``workdir`` holds a run trained with another identity than
-    ``config``; returns its results.json when it finished with this one (None otherwise)."""
-    recorded, source = recorded_config(workdir)
+    ``config``; returns its results.json when it finished with this one (None otherwise). ``config`` may be a
+    function that builds it, called only when the folder holds a trained run (a sweep's trial config costs a
+    config-file load)."""
+    recorded, source, record = recorded_config(workdir)
     if recorded is not None:
-        diffs = differences(recorded, config)
+        diffs = differences(recorded, config() if callable(config) else config)
         if diffs:
             raise RunError(mismatch_text(workdir, source, diffs, fresh))
-    return results.finished_results(workdir)
+    return record
 
 
 def check_finished(workdir: str, what: str, allow_unfinished: bool) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from typing import Iterator
 
 PARENT_ENV = "ATTN_LAB_PARENT_PID"
@@ -59,8 +60,8 @@ def install() -> None:
 
 def _watch_parent(parent: int, every: float = 0.5) -> None:
     """SIGTERM to this process once its parent is gone (a dead parent's children are adopted: getppid changes)."""
-    stop = threading.Event()
-    while not stop.wait(every):
+    while True:
+        time.sleep(every)
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGTERM)
             return

@@ -57,11 +57,13 @@ def test_a_used_kernel_s_options_are_part_of_the_identity():
     other = base.copy_and_resolve_references()
     other.model.attention.local.window = 3
     assert [d[0] for d in identity.differences(base.to_dict(), other.to_dict())] == ["model.attention.local.window"]
-    assert unused_kernel_options(other.model, ("encoder_self",)) == []  # local is used: its window counts
+    assert unused_kernel_options(other) == []  # local is used: its window counts
     base.model.attention.name = "dense"
-    assert unused_kernel_options(base.model, ("encoder_self",)) == []
+    assert unused_kernel_options(base) == []
     base.model.attention.local.window = 3
-    assert unused_kernel_options(base.model, ("encoder_self",)) == ["model.attention.local.window=3"]
+    assert unused_kernel_options(base) == ["model.attention.local.window=3"]
+    base.model.kinds.cross.attention = "local"  # a kind's own kernel counts as used
+    assert unused_kernel_options(base) == []
 
 
 def test_the_command_line_form_of_the_tiny_run_is_the_same_run(tmp_path):

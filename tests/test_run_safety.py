@@ -379,11 +379,13 @@ def test_analysis_of_a_run_whose_newest_checkpoint_is_corrupt_uses_the_previous_
     run = load_finished_run(workdir)
     assert run.step == 6 and _snapshot(workdir) == before
     (line,) = capsys.readouterr().out.splitlines()
-    assert line.startswith(f"note: {workdir}/checkpoints: step 12 (ValueError: ") and line.endswith(
-        "cannot be read; using step 6")
+    assert line.startswith(f"note: checkpoint step 12 in {workdir}/checkpoints is unreadable (ValueError: ")
+    assert line.endswith("; using step 6")
     _truncate_data(os.path.join(workdir, "checkpoints", "6"))
-    with pytest.raises(ValueError, match=r"checkpoints: no checkpoint can be read \(step 12: .*; step 6: "):
+    before = _snapshot(workdir)
+    with pytest.raises(CheckpointError, match=r"^no checkpoint to restore from can be read \(step 12 in .*; step 6 "):
         load_finished_run(workdir)
+    assert _snapshot(workdir) == before
 
 
 # The train entry point with every checkpoint save from step 12 on failing as a full disk fails.
@@ -419,4 +421,28 @@ def test_a_full_disk_stops_training_in_one_line_and_the_rerun_resumes_from_the_l
     record = json.load(open(os.path.join(workdir, "results.json")))
     for key, value in finished["results"]["final"]["test"].items():  # exactly the uninterrupted run's numbers
         assert record["final"]["test"][key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_a_signal_inside_the_loop_waits_for_the_step_and_a_second_one_stops_at_once():
+    """signals.deferred: the first signal only sets the flag the loop polls (it checkpoints, then stops); a second
+    one -- Ctrl-C pressed twice -- raises at once; outside, the first raises."""
+    from attn_lab import signals
+
+    signals._state["signum"] = None
+    try:
+        with signals.deferred():
+            signals._handler(signal.SIGINT, None)
+            assert signals.requested() == signal.SIGINT
+            with pytest.raises(signals.Interrupted) as info:
+                signals._handler(signal.SIGINT, None)
+        assert info.value.exit_code == 130
+        with pytest.raises(signals.Interrupted):  # a signal already given stops the next deferred block at once
+            with signals.deferred():
+                pass
+        signals._state["signum"] = None
+        with pytest.raises(signals.Interrupted) as info:
+            signals._handler(signal.SIGTERM, None)
+        assert info.value.exit_code == 143 and str(info.value) == "SIGTERM"
+    finally:
+        signals._state["signum"] = None
 

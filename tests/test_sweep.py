@@ -477,7 +477,8 @@ def test_a_trial_s_exit_code_sets_its_status_and_a_finished_folder_never_gets_er
     cmd = [sys.executable, "-c", f"import sys; print('error: boom', file=sys.stderr); sys.exit({code})"]
     assert runner._run(cmd, [folder]) == status
     assert os.path.exists(os.path.join(folder, "error.txt")) == error_txt
-    os.remove(os.path.join(folder, "error.txt")) if error_txt else None
+    if error_txt:
+        os.remove(os.path.join(folder, "error.txt"))
     os.makedirs(folder, exist_ok=True)  # (a busy trial's folder is the other process's to make)
     with open(os.path.join(folder, "results.json"), "w") as f:  # another process finished it meanwhile
         json.dump({"final": {}, "steps": 1}, f)

@@ -23,8 +23,8 @@ import sys
 
 from absl import flags
 
-from attn_lab import results, signals
-from attn_lab.checks import RunError, check_seed, check_writable
+from attn_lab import signals
+from attn_lab.checks import check_seed, check_writable
 from attn_lab.cli import (
     DEFINE_integer_list,
     check_config_overrides,
@@ -87,15 +87,10 @@ def select(exp: Experiment) -> list[Trial]:
 
 
 def _check_workdir(exp: Experiment, workdir: str, extra: list[str]) -> None:
-    """The sweep folder can be written, every finished trial's results.json there can be read, and every trained
-    trial there was trained with the config this sweep gives it (a rerun skips or resumes those trials and
-    tabulates them at the end: :func:`attn_lab.sweep.runner.check_trials`)."""
+    """The sweep folder can be written, and every trial's records there can be read and were made by the config
+    this sweep gives it (a rerun skips or resumes those trials and tabulates them at the end:
+    :func:`attn_lab.sweep.runner.check_trials`)."""
     check_writable(workdir, "--workdir")
-    for trial in exp.trials():
-        try:
-            results.finished_results(os.path.join(workdir, trial.name))
-        except RunError as e:
-            raise ValueError(f"{e}; or delete it to rerun the trial") from None
     check_trials(exp, workdir, extra)
 
 

@@ -56,15 +56,14 @@ def trial_config(exp: Experiment, trial: Trial, extra: list[str]) -> dict[str, A
 
 
 def check_trials(exp: Experiment, workdir: str, extra: list[str]) -> None:
-    """Every trial folder that holds a trained run (finished, or with a checkpoint) was trained with the config
-    this sweep would give it; else one ValueError line naming the trial, the key and both values."""
+    """Every trial folder's records can be read, and one that holds a trained run (finished, or with a checkpoint)
+    was trained with the config this sweep would give it; else one ValueError line naming the file, or the trial,
+    the key and both values."""
     for trial in exp.trials():
-        folder = os.path.join(workdir, trial.name)
         try:
-            if identity.recorded_config(folder)[0] is not None:
-                identity.check_same_run(folder, trial_config(exp, trial, extra),
-                                        fresh="give the sweep a new --workdir (or move the trial's folder away)")
-        except RunError as e:
+            identity.check_same_run(os.path.join(workdir, trial.name), lambda t=trial: trial_config(exp, t, extra),
+                                    fresh="give the sweep a new --workdir (or move the trial's folder away)")
+        except RunError as e:  # an unreadable record, or another config
             raise ValueError(str(e)) from None
 
 

@@ -205,13 +205,15 @@ class Checkpointer:
         self.close()
 
 
-def restore_common(ckpts: list[Checkpointer], states: list[dict], main: bool) -> tuple[list[dict], int]:
+def restore_common(ckpts: list[Checkpointer], states: list[dict], main: bool,
+                   set_aside: bool = True) -> tuple[list[dict], int]:
     """Each seed's state at the newest step every seed has an intact checkpoint of (seeds save together), or fresh.
 
     A step some seed cannot read (a truncated or missing file) is set aside as ``<step>.corrupt-<time>`` -- kept,
     never deleted -- with one line saying so, and the run resumes from the next older common step. When no common
     step can be read (all damaged, or a changed config: then every step fails) the run stops with one line and
-    nothing is renamed.
+    nothing is renamed. ``set_aside=False`` (a reader such as the head analysis, which renames nothing in a run
+    folder): the unreadable steps stay as they are, named in a ``note:`` line.
     """
     have = [set(c.all_steps()) for c in ckpts]
     if not any(have):
@@ -225,11 +227,15 @@ def restore_common(ckpts: list[Checkpointer], states: list[dict], main: bool) ->
         attempts = [c.try_restore(s, step) for c, s in zip(ckpts, states)]
         unreadable += [(c, step, reason) for c, (_, reason) in zip(ckpts, attempts) if reason]
         if not any(reason for _, reason in attempts):
-            _set_aside(unreadable, step, main)
+            if set_aside:
+                _set_aside(unreadable, step, main)
+            elif unreadable:
+                said = "; ".join(f"checkpoint step {s} in {c.directory} is unreadable ({r})" for c, s, r in unreadable)
+                print(f"note: {said}; using step {step}", flush=True)
             return [state for state, _ in attempts], step
     found = "; ".join(f"step {s} in {c.directory}: {reason}" for c, s, reason in unreadable)
-    raise CheckpointError(f"no checkpoint to resume from can be read ({found}): damaged, or written with another "
-                          "config; move the checkpoints folder away to start again")
+    raise CheckpointError(f"no checkpoint to {'resume' if set_aside else 'restore'} from can be read ({found}): "
+                          "damaged, or written with another config; move the checkpoints folder away to start again")
 
 
 def _set_aside(unreadable: list[tuple[Checkpointer, int, str]], step: int, main: bool) -> None:

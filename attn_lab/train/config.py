@@ -24,7 +24,7 @@ from flax import nnx
 from ml_collections import config_dict
 from sacrebleu.metrics import BLEU
 
-from attn_lab import objectives
+from attn_lab import identity, objectives
 from attn_lab.attention import KERNELS, build_kernel, validate_spec
 from attn_lab.attention.registry import default_options
 from attn_lab.checks import (
@@ -330,22 +330,16 @@ def _check_paths(config: Any, task: ResolvedTask) -> None:
         raise ValueError(f"{e}, and task '{config.task.name}' is not prepared there (preparing writes it)") from None
 
 
-def unused_kernel_options(m: Any, kinds: tuple[str, ...]) -> list[str]:
+def unused_kernel_options(config: Any) -> list[str]:
     """``model.attention.<kernel>.<option>=<value>`` of each option set away from its default for a kernel that no
-    attention kind of the model uses: it does nothing. Not an error -- one experiment's ``overrides`` may set every
-    variant's options for all of its trials -- but the run says so (:func:`validate_config` returns these)."""
-    used = {attention_spec(m, kind)["name"] for kind in kinds}
-    out = []
-    for kernel in sorted(set(KERNELS) - used):
-        for option, default in default_options(kernel).items():
-            value = m.attention[kernel][option]
-            if _plain(value) != _plain(default):
-                out.append(f"model.attention.{kernel}.{option}={value!r}")
-    return out
-
-
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
+    attention uses (:func:`attn_lab.identity.unused_kernels`): it does nothing. Not an error -- one experiment's
+    ``overrides`` may set every variant's options for all of its trials -- but the run says so
+    (:func:`validate_config` returns these)."""
+    keys = identity.flat(config.to_dict())
+    return [f"model.attention.{kernel}.{option}={keys[f'model.attention.{kernel}.{option}']!r}"
+            for kernel in sorted(identity.unused_kernels(keys))
+            for option, default in default_options(kernel).items()
+            if keys[f"model.attention.{kernel}.{option}"] != identity.plain(default)]
 
 
 def validate_config(config: Any) -> list[str]:
@@ -367,7 +361,7 @@ def validate_config(config: Any) -> list[str]:
     _check_bleu(config.eval.bleu_tokenize, model_class(task.kind, config.model.name).GENERATES)
     _check_wandb(config.wandb)
     _check_paths(config, task)
-    unused = unused_kernel_options(config.model, tuple(kernels))
+    unused = unused_kernel_options(config)
     return [f"note: {', '.join(unused)} set, but no attention of this model uses that kernel (it has no effect; "
             f"the kernels used: {', '.join(sorted({attention_spec(config.model, k)['name'] for k in kernels}))})"
             ] if unused else []

@@ -20,7 +20,7 @@ from attn_lab.data import Task, load_task
 from attn_lab.identity import checkpoint_steps
 from attn_lab.models import build_model, model_class, supports_cached_decoding
 from attn_lab.results import read_config
-from attn_lab.train.checkpoint import Checkpointer
+from attn_lab.train.checkpoint import Checkpointer, restore_common
 from attn_lab.train.decode import compile_decode, split_beam_size
 from attn_lab.train.metrics import translation_scores
 from attn_lab.train.steps import init_state, make_optimizer, merge, model_state
@@ -91,8 +91,8 @@ def with_legacy_keys(config: ml_collections.ConfigDict) -> ml_collections.Config
 def load_finished_run(workdir: str) -> FinishedRun:
     """Rebuilds the model from ``workdir/config.json`` and restores its newest readable checkpoint (a newer one that
     cannot be read is named in one line and left as it is: an analysis renames nothing). Whether the run finished
-    is the caller's check (:func:`attn_lab.identity.check_finished`). Every failure is a one-line ValueError
-    naming the file."""
+    is the caller's check (:func:`attn_lab.identity.check_finished`). Every failure is one line naming the file
+    (a ValueError, or a :class:`~attn_lab.train.checkpoint.CheckpointError` when no checkpoint can be read)."""
     if not os.path.isdir(workdir):
         raise ValueError(f"{workdir} is not a folder")
     config = with_legacy_keys(ml_collections.ConfigDict(read_config(workdir)))
@@ -106,24 +106,9 @@ def load_finished_run(workdir: str) -> FinishedRun:
                         num_classes=task.num_classes, seed=config.seed, gates=gates)
     graphdef, params, _ = nnx.split(model, nnx.Param, ...)
     state = init_state(nnx.to_pure_dict(params), model_state(model), make_optimizer(config.train, gates), config.seed)
-    with Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:
-        state, step = _newest_readable(ckpt, state)
+    with Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:  # the newest readable step, nothing renamed
+        (state,), step = restore_common([ckpt], [state], main=True, set_aside=False)
     return FinishedRun(config, task, graphdef, state, int(step))
-
-
-def _newest_readable(ckpt: Checkpointer, state: dict) -> tuple[dict, int]:
-    """The newest step of ``ckpt`` that restores into ``state``'s structure, saying which newer ones it skipped."""
-    failed = []
-    for step in reversed(ckpt.all_steps()):
-        restored, reason = ckpt.try_restore(state, step)
-        if reason is None:
-            if failed:
-                print(f"note: {ckpt.directory}: step {', '.join(f'{s} ({r})' for s, r in failed)} cannot be read; "
-                      f"using step {step}", flush=True)
-            return restored, step
-        failed.append((step, reason))
-    found = "; ".join(f"step {s}: {r}" for s, r in failed)
-    raise ValueError(f"{ckpt.directory}: no checkpoint can be read ({found}): damaged, or written with another config")
 
 
 def warm_start(path: str, states: list[dict], verbose: bool) -> list[dict]:

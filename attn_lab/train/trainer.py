@@ -296,8 +296,9 @@ def _check_identities(workdirs: Sequence[str], configs: Sequence[Any], under_loc
     a one-line RunError when it was trained with another config (see :mod:`attn_lab.identity`). ``under_lock``:
     a finished one raises :class:`FinishedMeanwhile` (it finished after the first check)."""
     done = [identity.check_same_run(w, c.to_dict()) for w, c in zip(workdirs, configs)]
-    if under_lock and any(record is not None for record in done):
-        raise FinishedMeanwhile(f"{workdirs[done.index(next(r for r in done if r is not None))]} finished meanwhile")
+    finished = [w for w, record in zip(workdirs, done) if record is not None]
+    if under_lock and finished:
+        raise FinishedMeanwhile(f"{finished[0]} finished meanwhile")
     return done
 
 
@@ -357,7 +358,7 @@ def _announce(run: Run) -> None:
     for w, c in zip(run.workdirs, run.configs):
         if not run.start_step:  # a resumed run keeps the config.json it started with (the same identity)
             results.write_config(w, c.to_dict())
-    for line in _cut_notes(run.task, run.config.task.name):
+    for line in _cut_notes(run.task, run.config.task.name) if not run.start_step else ():  # said at the start
         print(line, flush=True)
     resumed = f", resuming at step {run.start_step}" if run.start_step else ""
     vectorized = f", seeds {run.seeds} in one program" if len(run.seeds) > 1 else ""

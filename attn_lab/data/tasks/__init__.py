@@ -116,10 +116,9 @@ class Task:
         source = self._source(split)
         seen = min(len(source), limit)
         out = {}
-        for side, (field, extra, most) in sides.items():
+        for key, (field, extra) in sides.items():  # key: the Task attribute and the config key it comes from
             lengths = [len(self.vocab.encode(pipeline.as_text(source[i][field]))) + extra for i in range(seen)]
-            longest, cap = max(lengths, default=0), getattr(self, most)
-            out[side] = (sum(n > cap for n in lengths), seen, longest)
+            out[key] = (sum(n > getattr(self, key) for n in lengths), seen, max(lengths, default=0))
         return out
 
     def _source(self, split: str):
@@ -155,11 +154,10 @@ _REFERENCE: dict[str, Callable[[dict], Any]] = {
     "classification": lambda record: int(record["label"]),
     "lm": lambda record: None}  # scored by loss and accuracy, nothing is decoded
 KINDS: tuple[str, ...] = tuple(_BATCHING)
-# Per kind, the sides a length limit cuts: config key -> (record field, tokens added (eos), the Task attribute)
-_SIDES: dict[str, dict[str, tuple[str, int, str]]] = {
-    "translation": {"max_input_length": ("source", 1, "max_input_length"),
-                    "max_target_length": ("target", 1, "max_target_length")},
-    "classification": {"max_input_length": ("source", 0, "max_input_length")}}
+# Per kind, the sides a length limit cuts: limit (config key and Task attribute) -> (record field, tokens added: eos)
+_SIDES: dict[str, dict[str, tuple[str, int]]] = {
+    "translation": {"max_input_length": ("source", 1), "max_target_length": ("target", 1)},
+    "classification": {"max_input_length": ("source", 0)}}
 
 
 def _no_check(opts: dict[str, Any]) -> None:
