@@ -11,7 +11,11 @@ Each case is one jitted ``grad`` of ``sum(attention(q, k, v) * dout)`` on random
 ``implementation='cudnn'``; measured whenever a tiny call compiles, i.e. on an NVIDIA GPU at bfloat16/float16, and
 omitted with one printed line otherwise) and a full ``flax.nnx.MultiHeadAttention`` layer (d_model = heads *
 head_dim, so it adds the four projections). ``dense`` is benchmarked with its default options (what a user gets),
-plus its 'xla' and 'chunked' implementations as separate rows. Inputs, and the kernels' compute, are ``--dtype``.
+plus its 'xla' and 'chunked' implementations as separate rows. Where the fused block-sparse kernel compiles (a CUDA
+GPU), ``local`` (w=256), ``longformer``, ``bigbird`` and ``strided`` get two rows each, ``<name>/fused``
+(implementation='fused') and ``<name>/xla`` (their XLA path), beside cuDNN; elsewhere one row each (their 'auto',
+the XLA path; interpret mode is a correctness check, not a benchmark). Inputs, and the kernels' compute, are
+``--dtype``.
 Each case is compiled ahead of time; ``compiled.memory_analysis()`` gives its memory
 before anything is allocated, so cases over ``--max-gib`` are recorded as ``oom`` instead of run, and the T x T
 cases whose score matrices obviously cannot fit (estimate ``3 * B*N*T*T*4`` bytes) are skipped before compiling.
@@ -22,8 +26,9 @@ extrapolated from its row at the previous length, would not fit in what is left 
 
 Writes ``<out>.csv`` (one row per kernel and length, with its ratios against both references; the cuDNN columns are
 empty without cuDNN), ``<out>.md`` (time and memory ratios vs XLA and vs cuDNN, one PASS/FAIL line per target; the
-cuDNN targets read "not measured (no cuDNN)" where it is absent) and ``<out>.png`` (log-log time and memory vs
-length). A GPU user would run cuDNN, not XLA: ratios against XLA alone flatter the efficient kernels there.
+cuDNN targets read "not measured (no cuDNN)" where it is absent, the fused ones "not yet measured") and
+``<out>.png`` (log-log time and memory vs length). A GPU user would run cuDNN, not XLA: ratios against XLA alone
+flatter the efficient kernels there.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ REF = "jax.nn.dot_product_attention"  # XLA's implementation
 CUDNN = "jax.nn.dot_product_attention/cudnn"  # cuDNN flash attention (GPU, half precision)
 FLAX = "flax.nnx.MultiHeadAttention"
 LINEAR_KERNELS = ("local", "linformer", "performer", "linear")  # the targets' linear-complexity kernels
+# kernels with a fused block-sparse Pallas path, and the implementation name of their XLA path
+FUSED_KERNELS = {"local": "blockwise", "longformer": "xla", "bigbird": "xla", "strided": "xla"}
+FUSED_SPEEDUPS = {"local": 5.0, "bigbird": 3.0, "longformer": 3.0}  # x faster than cuDNN full attention at 16K
 SPANS = (64, 256, 1024)  # adaptive_span rows: learned spans fixed at these (plus its ramp of 32)
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 MEMORY_NOTE = "compiled.memory_analysis(): temp_bytes=temp_size_in_bytes; total_bytes=temp+argument+output"
@@ -95,8 +103,19 @@ def cudnn_status(dtype: Any) -> tuple[bool, str]:
     return True, f"cuDNN flash attention available on {jax.devices()[0].device_kind}"
 
 
-def bench_options(name: str, length: int) -> list[tuple[str, dict[str, Any]]]:
-    """``(label, options)`` rows for one registered kernel at one length; options the kernel lacks are dropped."""
+def fused_status() -> tuple[bool, str]:
+    """Whether the fused block-sparse kernel compiles here (a CUDA GPU, through Pallas' Triton backend)."""
+    from attn_lab.attention.dispatch import current_backend, fused_refusal
+
+    refusal = fused_refusal(current_backend())
+    return refusal is None, refusal or f"fused kernel available on {jax.devices()[0].device_kind}"
+
+
+def bench_options(name: str, length: int, fused: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """``(label, options)`` rows for one registered kernel at one length; options the kernel lacks are dropped.
+
+    Kernels with a fused path get two rows where it compiles, ``<name>/fused`` and ``<name>/xla`` (their XLA path),
+    and one row (what 'auto' gives: the XLA path) elsewhere."""
     if name == "dense":
         impls = getattr(KERNELS[name], "IMPLEMENTATIONS", ("xla",))
         rows = [("dense", {})] if dense_default() not in ("xla", "chunked") else []  # e.g. 'auto': what users get
@@ -106,7 +125,11 @@ def bench_options(name: str, length: int) -> list[tuple[str, dict[str, Any]]]:
     wanted = {"local": {"window": 256}, "linformer": {"k": 256, "max_len": max(4096, length)},
               "performer": {"num_features": 256}}.get(name, {})
     accepted = kernel_options(name)
-    return [(name, {key: val for key, val in wanted.items() if key in accepted})]
+    options = {key: val for key, val in wanted.items() if key in accepted}
+    if fused and name in FUSED_KERNELS:
+        return [(f"{name}/{impl}", {**options, "implementation": path})
+                for impl, path in (("fused", "fused"), ("xla", FUSED_KERNELS[name]))]
+    return [(name, options)]
 
 
 def kernel_loss(name: str, options: dict[str, Any], heads: int, head_dim: int, dtype: Any = jnp.float32
@@ -224,13 +247,14 @@ def available_bytes() -> float:
 
 def priority(label: str) -> int:
     """Run order within a length: the reference and the targets' rows first, so a time budget cuts the rest."""
-    order = [REF, CUDNN, "dense", "dense/chunked", *LINEAR_KERNELS, FLAX, "dense/xla"]
+    order = [REF, CUDNN, "dense", *(f"{n}/fused" for n in FUSED_KERNELS), "dense/chunked", *LINEAR_KERNELS, FLAX,
+             "dense/xla"]
     return order.index(label) if label in order else len(order)
 
 
-def plan(args: SimpleNamespace, cudnn: bool = False) -> list[Case]:
+def plan(args: SimpleNamespace, cudnn: bool = False, fused: bool = False) -> list[Case]:
     """Every (row, length) case: the references (cuDNN when available) and each registered kernel (optionally
-    filtered), by length."""
+    filtered; fused rows where the fused kernel compiles), by length."""
     wanted = None if args.kernels == ["all"] else set(args.kernels)
     cases = []
     for length in args.lengths:
@@ -238,7 +262,7 @@ def plan(args: SimpleNamespace, cudnn: bool = False) -> list[Case]:
                 Case(FLAX, FLAX, {"d_model": args.heads * args.head_dim}, length, quadratic=True)]
         rows += [Case(CUDNN, CUDNN, {}, length)] if cudnn else []
         for name in sorted(KERNELS):
-            for label, options in bench_options(name, length):
+            for label, options in bench_options(name, length, fused):
                 if wanted is None or name in wanted or label in wanted:
                     rows.append(Case(label, name, options, length, quadratic=forms_scores(label, cudnn)))
         cases += sorted(rows, key=lambda c: priority(c.label))
@@ -260,7 +284,8 @@ def predicted_seconds(case: Case, done: list[Case], args: SimpleNamespace) -> fl
     if not prev:
         return 0.0
     last = max(prev, key=lambda c: c.length)
-    one = last.seconds * (case.length / last.length) ** (1 if case.label in LINEAR_KERNELS else 2)
+    linear = case.label in LINEAR_KERNELS or case.kernel in ("local", "longformer", "bigbird")
+    one = last.seconds * (case.length / last.length) ** (1 if linear else 2)
     return one + min(args.case_seconds, one * args.repeats)
 
 
@@ -310,7 +335,8 @@ def cudnn_targets(cases: list[Case], cudnn_note: str) -> list[str]:
     idx, labels = index(cases), {c.label for c in cases}
     dense = "dense" if "dense" in labels else "dense/xla"
     wanted = [(dense, t, f"{dense} within 1.1x of cuDNN's time and memory at {t}") for t in (4096, 16384)]
-    wanted.append(("local", 16384, "local (w=256) >= 5x faster than cuDNN full attention at 16384"))
+    local = fused_label("local", labels)
+    wanted.append((local, 16384, f"{local} (w=256) >= 5x faster than cuDNN full attention at 16384"))
     lines = []
     for label, length, what in wanted:
         c, ref = idx.get((label, length)), idx.get((CUDNN, length))
@@ -320,7 +346,7 @@ def cudnn_targets(cases: list[Case], cudnn_note: str) -> list[str]:
             lines.append(f"SKIP {what}: not measured ({label} or {length} not in this run)")
         else:
             speed, mem = ratios(c, ref)
-            ok = speed is not None and (speed >= 5 if label == "local" else
+            ok = speed is not None and (speed >= 5 if label == local else
                                         speed >= 1 / 1.1 and mem is not None and mem >= 1 / 1.1)
             lines.append(f"{'PASS' if ok else 'FAIL'} {what}: cuDNN time / time {fmt(speed, 2)}x, "
                          f"cuDNN memory / memory {fmt(mem, 2)}x"
@@ -328,7 +354,7 @@ def cudnn_targets(cases: list[Case], cudnn_note: str) -> list[str]:
     return lines
 
 
-def targets(cases: list[Case], cudnn_note: str = "") -> list[str]:
+def targets(cases: list[Case], cudnn_note: str = "", fused_note: str = "") -> list[str]:
     """One PASS/FAIL/SKIP line per target (ratios from this run)."""
     idx, lines = index(cases), []
     labels = {c.label for c in cases}
@@ -336,7 +362,7 @@ def targets(cases: list[Case], cudnn_note: str = "") -> list[str]:
     def at(label, length):
         return idx.get((label, length))
 
-    for name in LINEAR_KERNELS:
+    for name in (fused_label(n, labels) for n in LINEAR_KERNELS):
         what = f"{name} at 4096: >=10x faster and >=10x less memory than {REF} fwd+bwd"
         c, ref = at(name, 4096), at(REF, 4096)
         if name not in labels:
@@ -357,7 +383,7 @@ def targets(cases: list[Case], cudnn_note: str = "") -> list[str]:
     else:
         speed, _ = ratios(c, ref)
         lines.append(f"{'PASS' if speed is not None and speed >= 1 else 'FAIL'} {what}: speedup {fmt(speed)}x")
-    for label in ("dense/chunked", *LINEAR_KERNELS):
+    for label in ("dense/chunked", *(fused_label(n, labels) for n in LINEAR_KERNELS)):
         what = f"{label} runs at 16384"
         c = at(label, 16384)
         if label not in labels:
@@ -369,7 +395,42 @@ def targets(cases: list[Case], cudnn_note: str = "") -> list[str]:
         else:
             lines.append(f"{'PASS' if ran(c) else 'FAIL'} {what}: {c.status}"
                          + (f", {c.seconds:.3f} s" if ran(c) else ""))
-    return lines + cudnn_targets(cases, cudnn_note)
+    return lines + cudnn_targets(cases, cudnn_note) + fused_targets(cases, fused_note)
+
+
+def fused_label(name: str, labels: set[str]) -> str:
+    """``<name>/fused`` where this run has that row (a GPU), else the kernel's single row."""
+    return f"{name}/fused" if f"{name}/fused" in labels else name
+
+
+def fused_targets(cases: list[Case], fused_note: str) -> list[str]:
+    """The fused kernels' GPU targets: bigbird and longformer >= 3x faster than cuDNN full attention at 16K (local's
+    5x is in :func:`cudnn_targets`); no fused row slower than its XLA row at any length; fused memory linear in T
+    (temp memory grows at most 1.25x as fast as T between measured lengths). "not yet measured" without them."""
+    idx, labels = index(cases), {c.label for c in cases}
+    fused = [f"{n}/fused" for n in FUSED_KERNELS if f"{n}/fused" in labels]
+    if not fused:
+        return [f"SKIP fused kernels' targets: not yet measured ({fused_note or 'no fused rows in this run'})"]
+    lines = []
+    for name in ("bigbird", "longformer"):
+        c, ref = idx.get((f"{name}/fused", 16384)), idx.get((CUDNN, 16384))
+        what = f"{name}/fused >= {FUSED_SPEEDUPS[name]:g}x faster than cuDNN full attention at 16384"
+        speed = ratios(c, ref)[0]
+        lines.append(f"SKIP {what}: not measured" if speed is None else
+                     f"{'PASS' if speed >= FUSED_SPEEDUPS[name] else 'FAIL'} {what}: {speed:.2f}x")
+    for label in fused:
+        rows = sorted((c for c in cases if c.label == label and ran(c)), key=lambda c: c.length)
+        slower = [c.length for c in rows if (ratios(c, idx.get((label.replace("/fused", "/xla"), c.length)))[0]
+                                             or math.inf) < 1.0]
+        measured = [c.length for c in rows if ran(idx.get((label.replace("/fused", "/xla"), c.length)))]
+        lines.append(f"{'PASS' if measured and not slower else 'FAIL' if slower else 'SKIP'} {label} not slower "
+                     f"than its XLA path at any length: compared at {measured or 'none'}"
+                     + (f", slower at {slower}" if slower else ""))
+        growth = [(b.memory["temp"] / max(a.memory["temp"], 1)) / (b.length / a.length)
+                  for a, b in zip(rows, rows[1:]) if a.memory and b.memory]
+        lines.append(f"{'SKIP' if not growth else 'PASS' if max(growth) <= 1.25 else 'FAIL'} {label} memory "
+                     f"linear in T: worst growth {fmt(max(growth, default=None), 2)}x of T's")
+    return lines
 
 
 def fmt(x: float | None, digits: int = 1) -> str:
@@ -387,7 +448,7 @@ def fmt_seconds(seconds: float) -> str:
 
 
 def write_md(cases: list[Case], args: SimpleNamespace, path: Path, budget: float,
-             cudnn_note: str = "") -> list[str]:
+             cudnn_note: str = "", fused_note: str = "") -> list[str]:
     idx = index(cases)
     labels = list(dict.fromkeys(c.label for c in cases))
     head = ["kernel", "options", *(str(t) for t in args.lengths)]
@@ -412,17 +473,22 @@ def write_md(cases: list[Case], args: SimpleNamespace, path: Path, budget: float
     vs = "vs XLA / vs cuDNN" if has_cudnn else "vs XLA"
     cudnn_line = (f"cuDNN row: `{CUDNN}` = `jax.nn.dot_product_attention(..., implementation='cudnn')`; each cell's "
                   f"ratios are vs XLA / vs cuDNN." if has_cudnn else f"No cuDNN row ({cudnn_note}).")
+    has_fused = any(lb.endswith("/fused") for lb in labels)
+    fused_line = ("`<kernel>/fused` rows: implementation='fused' (the block-sparse Pallas flash kernel); "
+                  "`<kernel>/xla`: the same pattern through its XLA path." if has_fused
+                  else f"No fused rows ({fused_note or 'not in this run'}).")
     lines = ["# Attention fwd+bwd benchmark", "",
              f"batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, {args.dtype}, "
              f"backend {jax.default_backend()} ({jax.devices()[0].device_kind}; {os.cpu_count()} CPUs visible), "
              f"memory budget {budget / 2**30:.1f} GiB. Ratios are vs `{REF}` (XLA) at the same length (speedup = "
              f"ref time / time; memory = ref temp / temp); n/a where the reference did not run. {cudnn_line} "
+             f"{fused_line} "
              f"Memory is XLA's `temp_size_in_bytes` (working set beyond arguments and outputs; see the CSV for the "
              f"others).", "",
              f"## Time (median, speedup {vs})", "", table("time"),
              "", f"## Memory (compiled temp MiB, reduction {vs})", "", table("mem")]
     notes = [f"- {c.label} @ {c.length}: {c.status}" for c in cases if c.status != "ok"]
-    result = targets(cases, cudnn_note)
+    result = targets(cases, cudnn_note, fused_note)
     lines += ["", "## Targets", ""] + [f"- {t}" for t in result]
     lines += (["", "## Not run / notes", ""] + notes) if notes else []
     path.write_text("\n".join(lines) + "\n")
@@ -511,12 +577,14 @@ def main(argv: list[str]) -> None:
         cases, dtype = read_csv(out.with_suffix(".csv"))
         args.dtype = dtype or args.dtype
         note = "" if any(c.label == CUDNN for c in cases) else "not in this CSV"
-        print("\n".join(write_md(cases, args, out.with_suffix(".md"), budget, note)))
+        print("\n".join(write_md(cases, args, out.with_suffix(".md"), budget, note, "not in this CSV")))
         write_png(cases, out.with_suffix(".png"))
         return
     cudnn, cudnn_note = cudnn_status(DTYPES[args.dtype])
     print(f"cuDNN row: {'yes' if cudnn else 'omitted'} ({cudnn_note})", flush=True)
-    cases = plan(args, cudnn)
+    fused, fused_note = fused_status()
+    print(f"fused rows: {'yes' if fused else 'omitted'} ({fused_note})", flush=True)
+    cases = plan(args, cudnn, fused)
     print(f"{len(cases)} cases; kernels registered: {', '.join(sorted(KERNELS))}; dense default implementation "
           f"'{dense_default()}'; {args.dtype}; budget {budget / 2**30:.1f} GiB", flush=True)
     start = time.perf_counter()
@@ -532,7 +600,7 @@ def main(argv: list[str]) -> None:
               f"{fmt(case.seconds, 4):>9s} s  temp {fmt(mem and mem / 2**20, 1):>9s} MiB  {case.status}",
               flush=True)
     write_csv(cases, args, out.with_suffix(".csv"))
-    result = write_md(cases, args, out.with_suffix(".md"), budget, cudnn_note)
+    result = write_md(cases, args, out.with_suffix(".md"), budget, cudnn_note, fused_note)
     write_png(cases, out.with_suffix(".png"))
     print("\n".join(result))
     print(f"wrote {out}.csv, {out}.md, {out}.png in {time.perf_counter() - start:.0f}s")

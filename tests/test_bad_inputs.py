@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from attn_lab import checks
@@ -106,6 +107,18 @@ BAD_VALUES = [
     ("numbers", {"task.data_dir": READ_ONLY}, f"task.data_dir='{READ_ONLY}': /sys is not writable, and task "
                                               "'numbers' is not prepared there"),
     ("numbers", {"task.data_dir": "{tmp}/a_file/data"}, "task.data_dir='{tmp}/a_file/data': {tmp}/a_file is a file"),
+    ("listops", {"model.attention.name": "local", "model.attention.local.fused_block_size": 48},
+     "model.attention.local: attention.fused_block_size must be one of (16, 32, 64, 128) (Triton tiles are powers "
+     "of two, >= 16 for its matrix unit and <= 128 for shared memory), got 48"),
+    ("listops", {"model.attention.name": "bigbird", "model.attention.bigbird.fused_block_size": 8},
+     "model.attention.bigbird: attention.fused_block_size must be one of (16, 32, 64, 128)"),
+    ("listops", {"model.attention.name": "longformer", "model.attention.longformer.implementation": "triton"},
+     "model.attention.longformer: attention.implementation must be one of ('auto', 'xla', 'fused', "
+     "'fused_interpret'), got 'triton'"),
+    *([] if jax.default_backend() == "gpu" else [  # an explicit fused kernel where it cannot compile
+        ("listops", {"model.attention.name": "strided", "model.attention.strided.implementation": "fused"},
+         "model.attention.strided: attention.implementation='fused' cannot run here: backend cpu (the fused kernel "
+         "compiles for CUDA GPUs through Pallas' Triton backend)")]),
 ]
 
 

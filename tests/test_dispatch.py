@@ -14,7 +14,14 @@ from flax import nnx
 
 from attn_lab.attention import MultiHeadAttention, dispatch
 from attn_lab.attention.dense import xla_attention
-from attn_lab.attention.dispatch import choose, cudnn_attention, cudnn_refusal, describe_dispatch
+from attn_lab.attention.dispatch import (
+    choose,
+    choose_fused,
+    cudnn_attention,
+    cudnn_refusal,
+    describe_dispatch,
+    fused_refusal,
+)
 from attn_lab.attention.local import local_attention, reach
 from attn_lab.models import build_model
 from attn_lab.train.config import base_config
@@ -90,11 +97,42 @@ def test_kernels_dispatch_on_gpu_facts():
     assert dense.dispatch(mask="key_padding", **causal) == "xla"
     assert dense.dispatch(mask="key_padding", **causal | {"is_causal": False}) == "cudnn"
     assert dense.dispatch(mask="none", needs_matrix=True, **causal) == "explicit"
-    assert local.dispatch(mask="none", **causal) == "cudnn"
-    assert local.dispatch(mask="key_padding", **causal) == "blockwise"
-    assert local.dispatch(mask="none", **causal | {"is_causal": False}) == "blockwise"  # two-sided
+    assert local.dispatch(mask="none", **causal) == "cudnn"  # cuDNN's causal window is exact
+    assert local.dispatch(mask="key_padding", **causal) == "fused"  # cuDNN cannot show the padding is a suffix
+    assert local.dispatch(mask="none", **causal | {"is_causal": False}) == "fused"  # two-sided: never cuDNN
+    assert local.dispatch(mask="none", **causal | {"dtype": jnp.float32}) == "fused"
     assert local.dispatch(mask="none", **causal | {"backend": "cpu"}) == "blockwise"
+    assert local.dispatch(mask="none", needs_matrix=True, **causal) == "explicit"
+    assert _kernel({"name": "local", "implementation": "blockwise"}).dispatch(mask="none", **causal) == "blockwise"
     assert _kernel({"name": "dense", "implementation": "chunked"}).dispatch(mask="none", **causal) == "chunked"
+    for name in ("strided", "longformer", "bigbird"):
+        sparse = _kernel(name)
+        assert sparse.dispatch(mask="key_padding", **causal) == "fused"
+        assert sparse.dispatch(mask="key_padding", **causal | {"backend": "cpu"}) == "xla"
+        assert sparse.dispatch(mask="none", needs_matrix=True, **causal) == "explicit"
+
+
+def test_choose_fused_table():
+    allowed = ("auto", "xla", "fused", "fused_interpret")
+    opts = dict(fallback="xla", needs_matrix=False, allowed=allowed)
+    assert fused_refusal("gpu") is None and "backend rocm" in fused_refusal("rocm")
+    assert choose_fused("auto", backend="gpu", **opts) == "fused"
+    assert choose_fused("auto", backend="cpu", **opts) == "xla"
+    assert choose_fused("auto", backend="tpu", **opts) == "xla"
+    assert choose_fused("fused_interpret", backend="cpu", **opts) == "fused_interpret"
+    assert choose_fused("xla", backend="gpu", **opts) == "xla"
+    assert choose_fused("fused", backend="gpu", needs_matrix=True, fallback="xla", allowed=allowed) == "explicit"
+    with pytest.raises(ValueError, match=r"implementation='fused' cannot run here: backend tpu") as info:
+        choose_fused("fused", backend="tpu", **opts)
+    assert "\n" not in str(info.value) and "'fused_interpret'" in str(info.value)
+
+
+def test_cudnn_never_gets_a_window_without_the_causal_mask():
+    """jax hands cuDNN ``local_window_size=(L, 0)`` without ``is_causal`` as a left-only window over *all later*
+    keys too: cudnn_attention refuses it instead of computing something else than the band."""
+    q, k, v = _qkv(T, T)
+    with pytest.raises(ValueError, match=r"window \(4, 0\) without is_causal"):
+        cudnn_attention(q.astype(BF16), k.astype(BF16), v.astype(BF16), window=(4, 0))
 
 
 # --- on this CPU: 'auto' is XLA, explicit 'cudnn' is an error --------------------------------------------------
@@ -268,6 +306,11 @@ def test_describe_dispatch_is_one_line_per_model():
     local = _model(dtype="bfloat16", kinds={"encoder_self": {"attention": "local"},
                                             "decoder_self": {"attention": "local"}})
     assert describe_dispatch(local, backend="gpu") == (
-        "attention: encoder_self=local/blockwise, decoder_self=local/cudnn, cross=dense/cudnn (backend gpu)")
+        "attention: encoder_self=local/fused, decoder_self=local/cudnn, cross=dense/cudnn (backend gpu)")
+    assert describe_dispatch(local) == (
+        "attention: encoder_self=local/blockwise, decoder_self=local/blockwise, cross=dense/xla (backend cpu)")
+    bigbird = _model(kinds={"encoder_self": {"attention": "bigbird"}})
+    assert describe_dispatch(bigbird, backend="gpu").startswith("attention: encoder_self=bigbird/fused, ")
+    assert describe_dispatch(bigbird).startswith("attention: encoder_self=bigbird/xla, ")
     dropout = describe_dispatch(_model("classification", attention_dropout=0.1))
     assert dropout == "attention: encoder_self=dense/explicit(train)+xla(eval) (backend cpu)"

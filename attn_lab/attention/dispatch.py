@@ -109,6 +109,42 @@ def choose(implementation: str, *, fallback: str, needs_matrix: bool, refusal: s
     return implementation
 
 
+FUSED = ("fused", "fused_interpret")  # the block-sparse Pallas kernel: compiled (CUDA GPU) or interpreted (any)
+
+
+def fused_refusal(backend: str) -> str | None:
+    """Why the compiled fused kernel cannot run on ``backend``, or None (pure: tested on a CPU)."""
+    if backend == "gpu":
+        return None
+    return f"backend {backend} (the fused kernel compiles for CUDA GPUs through Pallas' Triton backend)"
+
+
+def choose_fused(implementation: str, *, fallback: str, needs_matrix: bool, backend: str,
+                 allowed: tuple[str, ...]) -> str:
+    """The path of a kernel with a fused Pallas path: 'explicit', 'fused', 'fused_interpret' or ``fallback``.
+
+    'auto' takes 'fused' on a CUDA GPU and ``fallback`` elsewhere; an explicit 'fused' where it cannot compile
+    raises one line (never a silent fallback); 'fused_interpret' runs the same kernel as jax operations anywhere.
+    """
+    if needs_matrix:
+        return "explicit"
+    refusal = fused_refusal(backend)
+    if implementation == "fused" and refusal is not None:
+        others = ", ".join(repr(a) for a in allowed if a != "fused")
+        raise ValueError(f"attention.implementation='fused' cannot run here: {refusal}; choose one of {others} "
+                         f"('auto' = fused on a CUDA GPU, else '{fallback}'; 'fused_interpret' runs the same kernel "
+                         f"as jax operations, slowly: for tests)")
+    if implementation == "auto":
+        return fallback if refusal is not None else "fused"
+    return implementation
+
+
+def check_fused_option(implementation: str, *, allowed: tuple[str, ...], fallback: str) -> None:
+    """Construction-time half of :func:`choose_fused`: an explicit 'fused' off a CUDA GPU stops when the kernel is
+    built, not at the first call."""
+    choose_fused(implementation, fallback=fallback, needs_matrix=False, backend=current_backend(), allowed=allowed)
+
+
 def current_backend() -> str:
     """jax's default backend ('cpu', 'gpu', 'tpu'), except that a ROCm GPU is 'rocm': cuDNN is NVIDIA's.
 
@@ -171,6 +207,9 @@ def cudnn_attention(query: jax.Array, key: jax.Array, value: jax.Array, *, key_v
     Returns:
       ``[B, T, N, H]``; a query with no valid key gets the mean of all values (as the XLA path).
     """
+    if window is not None and not is_causal and implementation == "cudnn":  # cuDNN would attend to the future
+        raise ValueError(f"cudnn_attention: window {window} without is_causal: cuDNN's window is left-only and "
+                         f"without the causal mask it attends to every later key")
     if key_valid is None:
         return jax.nn.dot_product_attention(query, key, value, is_causal=is_causal, local_window_size=window,
                                             implementation=implementation)

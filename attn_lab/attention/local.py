@@ -9,18 +9,32 @@ own block of keys plus the 2 blocks on each side that its reach touches: about `
 and ``1.5 w`` causal (whole-window blocks would gather ``1.5 w`` and ``2 w``); a mask then cuts that down to the
 exact band. No ``[T, T]`` matrix is formed, except
 when the attention matrix is asked for (``need_weights``, meant for analysis at small T). On a CUDA GPU, causal
-windows go to cuDNN's sliding-window flash attention instead (``implementation='auto'``; see the kernel class).
+windows go to cuDNN's sliding-window flash attention instead, and the other windows to the fused block-sparse flash
+kernel, which skips every tile outside the band (``implementation='auto'``; see the kernel class).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from attn_lab.attention.block_mask import BlockMask, check_block_size, create_block_mask
 from attn_lab.attention.dense import NEG, apply_weights, group_heads
-from attn_lab.attention.dispatch import call_facts, check_cudnn_option, choose, cudnn_attention, cudnn_refusal
+from attn_lab.attention.dispatch import (
+    FUSED,
+    call_facts,
+    check_cudnn_option,
+    check_fused_option,
+    choose,
+    choose_fused,
+    cudnn_attention,
+    cudnn_refusal,
+)
+from attn_lab.attention.flash import block_sparse_flash
 from attn_lab.attention.registry import AttentionKernel, key_padding, register
 
 BLOCKS_PER_REACH = 2  # blocks per side's reach: smaller blocks gather fewer keys outside the band
@@ -117,6 +131,19 @@ def band_weights(query: jax.Array, key: jax.Array, *, window: int, is_causal: bo
     return band_softmax(logits, valid[:, None, None, :], counted).astype(query.dtype)  # (B, N, T, T)
 
 
+@functools.lru_cache(maxsize=64)
+def band_block_mask(length: int, window: int, is_causal: bool, block_size: int) -> BlockMask:
+    """The band as a block mask for the fused kernel: tiles within the reach, evaluated once per block offset."""
+    back, forward = reach(window, is_causal)
+
+    def cover(nb, bs):
+        offset = np.arange(nb)[:, None] - np.arange(nb)[None, :]  # query block - key block
+        return (offset <= -(-back // bs)) & (offset >= -forward // bs)  # within ceil(reach / bs) blocks
+
+    return create_block_mask(lambda q, k: in_band(q - k, window, is_causal), length, block_size,
+                             is_causal=is_causal, cover=cover, shift_invariant=True, name="attention 'local'")
+
+
 @register("local")
 class LocalAttention(AttentionKernel):
     """Sliding-window self-attention (see the module docstring).
@@ -129,9 +156,13 @@ class LocalAttention(AttentionKernel):
         windows without a mask on a CUDA GPU in bf16/fp16 (cuDNN's window is left-only, and key padding under a
         window is exact only for a padding suffix, which a traced mask cannot show; see
         :mod:`attn_lab.attention.dispatch`) -- the blockwise kernel elsewhere; 'blockwise': always
-        :func:`local_attention`; 'cudnn': cuDNN or a one-line ValueError, never a silent fallback.
+        :func:`local_attention`; 'cudnn': cuDNN or a one-line ValueError, never a silent fallback; 'fused': the
+        block-sparse Pallas flash kernel (:mod:`attn_lab.attention.flash`), which visits only the tiles inside the
+        band (CUDA GPU; a one-line ValueError elsewhere); 'fused_interpret': the same kernel run as jax operations
+        on any backend (slow: tests). Under 'auto', a CUDA GPU runs cuDNN where it is exact, 'fused' elsewhere.
         The band maps to ``jax.nn.dot_product_attention``'s ``local_window_size`` as :func:`reach` says:
         causal ``(w - 1, 0)`` with ``is_causal`` (cuDNN's ``sliding_window_length = w``).
+      fused_block_size: tile of the fused kernel, one of 16, 32, 64 (default), 128 (Triton's rule).
 
     Self-attention only (query i and key i are the same position), key-padding masks only, no KV-cache decoding
     and no attention dropout. ``need_weights`` returns the dense band matrix and the output computed from it, so
@@ -141,9 +172,10 @@ class LocalAttention(AttentionKernel):
     supports_cross = False
     supports_decode = False
     supports_dropout = False
-    IMPLEMENTATIONS = ("auto", "blockwise", "cudnn")
+    IMPLEMENTATIONS = ("auto", "blockwise", "cudnn", "fused", "fused_interpret")
 
-    def __init__(self, *, window: int = 128, implementation: str = "auto", **shared: Any):
+    def __init__(self, *, window: int = 128, implementation: str = "auto", fused_block_size: int = 64,
+                 **shared: Any):
         super().__init__(**shared)
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"attention.window must be a positive integer, got {window!r}")
@@ -152,15 +184,21 @@ class LocalAttention(AttentionKernel):
                              f"got '{implementation}'")
         check_cudnn_option(implementation, head_dim=self.head_dim, dtype=shared.get("dtype"),
                            allowed=self.IMPLEMENTATIONS, fallback="blockwise")
+        check_fused_option(implementation, allowed=self.IMPLEMENTATIONS, fallback="blockwise")
         self.window, self.implementation = window, implementation
+        self.fused_block_size = check_block_size(fused_block_size)
 
     def dispatch(self, *, backend: str, dtype: Any, mask: str, is_causal: bool, needs_matrix: bool = False,
                  q_len: int | None = None, kv_len: int | None = None, max_head_dim: int = 128) -> str:
-        """The path a call with these static facts takes: 'cudnn', 'blockwise' or 'explicit' (the band matrix);
-        raises the call's ValueError for an explicit 'cudnn' that cannot run."""
+        """The path a call with these static facts takes: 'cudnn' (causal windows, where exact), else 'fused' on a
+        CUDA GPU, else 'blockwise'; 'explicit' (the band matrix) for weights; raises the call's ValueError for an
+        explicit 'cudnn' or 'fused' that cannot run."""
         refusal = cudnn_refusal(backend, dtype, self.head_dim, mask, is_causal=is_causal,
                                 window=reach(self.window, is_causal), q_len=q_len, kv_len=kv_len,
                                 max_head_dim=max_head_dim)
+        if self.implementation in FUSED or (self.implementation == "auto" and refusal is not None):
+            return choose_fused(self.implementation, fallback="blockwise", needs_matrix=needs_matrix,
+                                backend=backend, allowed=self.IMPLEMENTATIONS)
         return choose(self.implementation, fallback="blockwise", needs_matrix=needs_matrix, refusal=refusal,
                       allowed=self.IMPLEMENTATIONS)
 
@@ -175,4 +213,8 @@ class LocalAttention(AttentionKernel):
             return apply_weights(weights, value, precision), weights
         if path == "cudnn":  # no mask here: cudnn_refusal lets only unmasked causal windows through
             return cudnn_attention(query, key, value, is_causal=is_causal, window=reach(self.window, is_causal)), None
+        if path in FUSED:
+            mask = band_block_mask(query.shape[1], self.window, bool(is_causal), self.fused_block_size)
+            return block_sparse_flash(query, key, value, mask, key_valid=key_valid,
+                                      interpret=path == "fused_interpret"), None
         return local_attention(query, key, value, **opts), None

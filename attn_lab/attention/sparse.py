@@ -1,8 +1,10 @@
 """Fixed sparse attention patterns: Sparse Transformer (strided/fixed), Longformer and BigBird.
 
-Each kernel is exact softmax attention restricted to a static pattern ``A(i)`` of keys for query i, computed by
-:func:`attn_lab.attention.blocksparse.block_sparse_attention` in O(T * |A(i)|) memory (no ``[T, T]`` matrix unless
-the weights are asked for). Conventions shared by the three:
+Each kernel is exact softmax attention restricted to a static pattern ``A(i)`` of keys for query i, written as a
+:class:`~attn_lab.attention.flex.PatternAttention` (a ``mask_mod`` plus a block-level cover): on a CUDA GPU the
+fused block-sparse flash kernel (:mod:`attn_lab.attention.flash`) visits only the tiles the pattern touches;
+elsewhere :func:`attn_lab.attention.blocksparse.block_sparse_attention` gathers each pattern's hand-built layout in
+O(T * |A(i)|) memory (no ``[T, T]`` matrix unless the weights are asked for). Conventions shared by the three:
 
 - bidirectional patterns are the symmetric (or all-position) versions; ``is_causal`` intersects the pattern with
   ``j <= i`` (so a causal window is the left half of the two-sided one plus the query itself);
@@ -19,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from attn_lab.attention.blocksparse import Layout, block_sparse_attention, build_layout, clipped_window, num_blocks
-from attn_lab.attention.registry import AttentionKernel, key_padding, register
+from attn_lab.attention.block_mask import BLOCK_SIZES
+from attn_lab.attention.blocksparse import Layout, build_layout, clipped_window, num_blocks
+from attn_lab.attention.flex import PatternAttention
+from attn_lab.attention.registry import register
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -38,22 +42,9 @@ def _positions(value: Any, name: str) -> tuple[int, ...]:
     return tuple(sorted({int(item) for item in items}))
 
 
-class _BlockSparseKernel(AttentionKernel):
-    """Shared call: build the static layout for (T, causal), run the block-sparse routine."""
-
-    supports_cross = False
-    supports_decode = False
-    supports_dropout = False
-
-    def layout(self, length: int, is_causal: bool) -> Layout:
-        raise NotImplementedError
-
-    def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
-                 deterministic, precision, need_weights):
-        self.check_call(query, key, dropout_rate, deterministic)
-        layout = self.layout(query.shape[1], bool(is_causal))
-        return block_sparse_attention(query, key, value, layout, key_valid=key_padding(mask, self.name),
-                                      precision=precision, need_weights=need_weights)
+def _band_cover(nb: int, reach_blocks: int) -> np.ndarray:
+    """``[nb, nb]`` blocks within ``reach_blocks`` of the diagonal."""
+    return np.abs(np.arange(nb)[:, None] - np.arange(nb)[None, :]) <= reach_blocks
 
 
 def strided_pattern(kind: str, stride: int, num_summary: int):
@@ -64,7 +55,7 @@ def strided_pattern(kind: str, stride: int, num_summary: int):
 
 
 @register("strided")
-class StridedAttention(_BlockSparseKernel):
+class StridedAttention(PatternAttention):
     """Sparse Transformer factorized attention (Child et al. 2019, "Generating Long Sequences with Sparse
     Transformers", arXiv:1904.10509), with stride ``l``.
 
@@ -86,14 +77,32 @@ class StridedAttention(_BlockSparseKernel):
 
     PATTERNS = ("strided", "fixed")
 
-    def __init__(self, *, pattern: str = "strided", stride: int = 64, num_summary: int = 1, **shared: Any):
-        super().__init__(**shared)
+    def __init__(self, *, pattern: str = "strided", stride: int = 64, num_summary: int = 1,
+                 implementation: str = "auto", fused_block_size: int | None = None, **shared: Any):
+        super().__init__(implementation=implementation, fused_block_size=fused_block_size, **shared)
         if pattern not in self.PATTERNS:
             raise ValueError(f"attention.pattern must be one of {self.PATTERNS}, got {pattern!r}")
         self.pattern, self.stride = pattern, _positive_int(stride, "stride")
         self.num_summary = _positive_int(num_summary, "num_summary")
         if self.num_summary > self.stride:
             raise ValueError(f"attention.num_summary ({num_summary}) must be <= attention.stride ({stride})")
+
+    @property
+    def shift_invariant(self) -> bool:
+        return self.pattern == "strided"
+
+    def mask_mod(self, q_pos, k_pos):
+        return strided_pattern(self.pattern, self.stride, self.num_summary)(q_pos, k_pos)
+
+    def cover(self, nb: int, bs: int) -> np.ndarray | None:
+        """'fixed': key blocks sharing a stride block with the query block, or holding a summary position."""
+        if self.pattern == "strided":  # every l-th key reaches every block once l <= bs: evaluated per offset
+            return None
+        first = np.arange(nb) * bs
+        lo, hi = first // self.stride, (first + bs - 1) // self.stride  # stride blocks each block touches
+        shared = (lo[:, None] <= hi[None, :]) & (lo[None, :] <= hi[:, None])
+        summary = ((first[:, None] + np.arange(bs)) % self.stride >= self.stride - self.num_summary).any(axis=1)
+        return shared | summary[None, :]
 
     def layout(self, length: int, is_causal: bool) -> Layout:
         return strided_layout(length, is_causal, self.pattern, self.stride, self.num_summary)
@@ -116,7 +125,7 @@ def strided_layout(length: int, is_causal: bool, kind: str, stride: int, num_sum
 
 
 @register("longformer")
-class LongformerAttention(_BlockSparseKernel):
+class LongformerAttention(PatternAttention):
     """Longformer attention (Beltagy et al. 2020, "Longformer: The Long-Document Transformer", arXiv:2004.05150):
     a sliding window plus a few task-chosen global tokens (e.g. CLS).
 
@@ -130,10 +139,21 @@ class LongformerAttention(_BlockSparseKernel):
       global_tokens: positions with global attention (default ``(0,)``; positions >= T are ignored).
     """
 
-    def __init__(self, *, window: int = 128, global_tokens: tuple[int, ...] = (0,), **shared: Any):
-        super().__init__(**shared)
+    def __init__(self, *, window: int = 128, global_tokens: tuple[int, ...] = (0,), implementation: str = "auto",
+                 fused_block_size: int | None = None, **shared: Any):
+        super().__init__(implementation=implementation, fused_block_size=fused_block_size, **shared)
         self.window = _positive_int(window, "window")
         self.global_tokens = _positions(global_tokens, "global_tokens")
+
+    def mask_mod(self, q_pos, k_pos):
+        glob = np.asarray(self.global_tokens, np.int64)
+        return (np.abs(q_pos - k_pos) <= self.window // 2) | np.isin(q_pos, glob) | np.isin(k_pos, glob)
+
+    def cover(self, nb: int, bs: int) -> np.ndarray:
+        """The window's diagonal band of blocks, plus the rows and columns of the global tokens' blocks."""
+        glob = np.zeros(nb, bool)
+        glob[[g // bs for g in self.global_tokens if g < nb * bs]] = True
+        return _band_cover(nb, -(-(self.window // 2) // bs)) | glob[:, None] | glob[None, :]
 
     def layout(self, length: int, is_causal: bool) -> Layout:
         return longformer_layout(length, is_causal, self.window, self.global_tokens)
@@ -176,7 +196,7 @@ def bigbird_random_blocks(nb: int, *, num_window_blocks: int, num_global_blocks:
 
 
 @register("bigbird")
-class BigBirdAttention(_BlockSparseKernel):
+class BigBirdAttention(PatternAttention):
     """BigBird block-sparse attention (Zaheer et al. 2020, "Big Bird: Transformers for Longer Sequences",
     arXiv:2007.14062; the ITC variant: global tokens are existing positions).
 
@@ -195,8 +215,9 @@ class BigBirdAttention(_BlockSparseKernel):
     """
 
     def __init__(self, *, block_size: int = 64, num_window_blocks: int = 3, num_global_blocks: int = 1,
-                 num_random_blocks: int = 2, seed: int = 0, **shared: Any):
-        super().__init__(**shared)
+                 num_random_blocks: int = 2, seed: int = 0, implementation: str = "auto",
+                 fused_block_size: int | None = None, **shared: Any):
+        super().__init__(implementation=implementation, fused_block_size=fused_block_size, **shared)
         self.block_size = _positive_int(block_size, "block_size")
         self.num_window_blocks = _positive_int(num_window_blocks, "num_window_blocks")
         if self.num_window_blocks % 2 == 0:
@@ -212,26 +233,74 @@ class BigBirdAttention(_BlockSparseKernel):
                                      num_global_blocks=self.num_global_blocks,
                                      num_random_blocks=self.num_random_blocks, seed=self.seed, is_causal=is_causal)
 
+    def default_fused_block(self) -> int:
+        """The largest tile dividing the BigBird block, so every tile is whole (full tiles carry no mask)."""
+        return max((b for b in BLOCK_SIZES if self.block_size % b == 0), default=BLOCK_SIZES[0])
+
+    def pattern_at(self, length: int, is_causal: bool):
+        """The pattern at this length: the random blocks are drawn per number of blocks (and causality)."""
+        member = bigbird_member(length, is_causal, self.block_size, self.num_window_blocks, self.num_global_blocks,
+                                self.num_random_blocks, self.seed)  # (nbb, nbb)
+        bbs = self.block_size
+
+        def mask_mod(q_pos, k_pos):
+            return member[q_pos // bbs, k_pos // bbs]
+
+        def cover(nb: int, bs: int) -> np.ndarray:
+            """Tiles overlapping an active BigBird block pair: ``touch_q @ member @ touch_k^T > 0``."""
+            pos = np.minimum(np.arange(nb * bs), length - 1).reshape(nb, bs) // bbs  # (nb, bs) BigBird block
+            touch = np.zeros((nb, member.shape[0]), np.float32)
+            touch[np.repeat(np.arange(nb), bs), pos.reshape(-1)] = 1.0
+            return touch @ member.astype(np.float32) @ touch.T > 0
+
+        return mask_mod, cover
+
     def layout(self, length: int, is_causal: bool) -> Layout:
         return bigbird_layout(length, is_causal, self.block_size, self.num_window_blocks, self.num_global_blocks,
                               self.num_random_blocks, self.seed)
+
+
+def bigbird_blocks(length: int, is_causal: bool, block_size: int, num_window_blocks: int, num_global_blocks: int,
+                   num_random_blocks: int, seed: int) -> np.ndarray:
+    """``[nb, w + r]`` window and random key blocks of each query block (causal windows look back only)."""
+    nb, half = num_blocks(length, block_size), num_window_blocks // 2
+    window = clipped_window(nb, half, 0 if is_causal else half)  # (nb, w)
+    rand = bigbird_random_blocks(nb, num_window_blocks=num_window_blocks, num_global_blocks=num_global_blocks,
+                                 num_random_blocks=num_random_blocks, seed=seed, is_causal=is_causal)
+    return np.concatenate([window, rand], axis=1)  # (nb, w + r)
 
 
 @functools.lru_cache(maxsize=64)
 def bigbird_layout(length: int, is_causal: bool, block_size: int, num_window_blocks: int, num_global_blocks: int,
                    num_random_blocks: int, seed: int) -> Layout:
     """Window and random blocks gathered per query block; global blocks as extra keys and dense rows."""
-    bs, nb, half = block_size, num_blocks(length, block_size), num_window_blocks // 2
-    window = clipped_window(nb, half, 0 if is_causal else half)  # (nb, w)
-    rand = bigbird_random_blocks(nb, num_window_blocks=num_window_blocks, num_global_blocks=num_global_blocks,
-                                 num_random_blocks=num_random_blocks, seed=seed, is_causal=is_causal)
-    blocks = np.concatenate([window, rand], axis=1)  # (nb, w + r)
+    bs, nb = block_size, num_blocks(length, block_size)
+    blocks = bigbird_blocks(length, is_causal, block_size, num_window_blocks, num_global_blocks, num_random_blocks,
+                            seed)
     num_global = min(num_global_blocks, nb) * bs
-    member = np.zeros((nb, nb), bool)  # member[q, m]: key block m in query block q's set
-    np.put_along_axis(member, blocks, True, axis=1)
+    member = _member(blocks, num_global_blocks)
 
     def pattern(i, j):
-        return member[i // bs, j // bs] | (i < num_global) | (j < num_global)
+        return member[i // bs, j // bs]
 
     return build_layout(length, bs, pattern=pattern, is_causal=is_causal, blocks=blocks,
                         extra_keys=range(num_global), global_queries=range(num_global))
+
+
+def _member(blocks: np.ndarray, num_global_blocks: int) -> np.ndarray:
+    """``[nb, nb]`` bool: key block m is in query block q's set (its window and random blocks), global rows and
+    columns included."""
+    nb = blocks.shape[0]
+    member = np.zeros((nb, nb), bool)
+    np.put_along_axis(member, blocks, True, axis=1)
+    member[:num_global_blocks], member[:, :num_global_blocks] = True, True
+    return member
+
+
+@functools.lru_cache(maxsize=64)
+def bigbird_member(length: int, is_causal: bool, block_size: int, num_window_blocks: int, num_global_blocks: int,
+                   num_random_blocks: int, seed: int) -> np.ndarray:
+    """The BigBird pattern at block level, ``[nb, nb]`` (causality is applied on top, token by token)."""
+    blocks = bigbird_blocks(length, is_causal, block_size, num_window_blocks, num_global_blocks, num_random_blocks,
+                            seed)
+    return _member(blocks, num_global_blocks)

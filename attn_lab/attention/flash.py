@@ -1,0 +1,276 @@
+"""Block-sparse flash attention: one fused Pallas kernel (forward and backward) for every static sparse pattern.
+
+The pattern arrives as a :class:`~attn_lab.attention.block_mask.BlockMask`: per query block the key blocks it
+touches, per key block the query blocks that see it, and a token mask per active tile. Each program of the grid
+``(batch, head, block)`` loops over its own list only, so a pattern costs in proportion to its active tiles
+(Dao et al. 2022, "FlashAttention", arXiv:2205.14135: online softmax, no ``[T, T]`` matrix in memory; the
+per-block list of active key blocks follows apple/axlearn's GPU block-sparse flash attention and PyTorch's
+FlexAttention ``BlockMask``).
+
+- Forward: online softmax over the active key blocks, float32 scores, sums and accumulators whatever the input
+  dtype (bf16/fp16 inputs feed the matrix unit as they are); saves the row logsumexp.
+- Backward (two kernels, no atomics): dQ loops over a query block's key blocks, dK/dV over a key block's query
+  blocks, both recomputing the probabilities from the saved logsumexp (FlashAttention-2's split).
+- Masks: the tile's token mask excludes a key (weight exactly 0); key padding sets the logit to ``NEG``, so a
+  query whose pattern keys are all padding averages them uniformly, as the XLA paths of the patterns do.
+- Grouped-query heads: query head n reads key/value head ``n // (N / K)``; dK/dV are summed over each group.
+
+On a CUDA GPU the kernels compile through Pallas' Triton backend; ``interpret=True`` runs the same kernels as jax
+operations on any backend (how the CPU tests check them; slow, and it checks neither Triton's tile rules nor
+speed). Block sizes come from :data:`~attn_lab.attention.block_mask.BLOCK_SIZES`; the head dim is padded with
+zeros to a power of two >= 16 (which changes no dot product).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from attn_lab.attention.block_mask import BlockMask
+from attn_lab.attention.dense import NEG
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The head dim the kernel computes at: the next power of two, at least 16 (Triton's dot)."""
+    return max(16, int(pl.next_power_of_2(head_dim)))
+
+
+def num_warps(block_size: int) -> int:
+    """Warps per program: 4 for tiles up to 64, 8 for 128 (as jax's own Pallas flash attention chooses)."""
+    return 8 if block_size >= 128 else 4
+
+
+def _dot(a: jax.Array, b: jax.Array, trans_a: bool = False, trans_b: bool = False) -> jax.Array:
+    """2-D matmul with a float32 result (``pallas.triton.dot``'s contract, written with ``lax.dot_general`` so it
+    reads the same across jax versions); lowers to Triton's ``tl.dot``."""
+    dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+    return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
+def _scores(q, k, tile, visible, scale):
+    """``[bs, bs]`` float32 logits of one tile: excluded keys ``-inf``, padded keys ``NEG``."""
+    s = _dot(q, k, trans_b=True) * scale  # (bs, bs) float32
+    if visible is not None:
+        s = jnp.where(visible[None, :], s, NEG)
+    return jnp.where(tile, s, -jnp.inf)
+
+
+def _tile(tiles_ref, tile_id, bs):
+    return tiles_ref[pl.ds(tile_id * bs, bs), :] != 0  # (bs, bs) bool
+
+
+def _visible(valid_ref, block, bs):
+    return None if valid_ref is None else valid_ref[pl.ds(block * bs, bs)] != 0  # (bs,) bool
+
+
+def _forward_kernel(idx_ref, cnt_ref, tid_ref, tiles_ref, q_ref, k_ref, v_ref, valid_ref, o_ref, lse_ref, *,
+                    bs: int, scale: float):
+    """One query block: online softmax over its active key blocks."""
+    qb = pl.program_id(2)
+    q = q_ref[...]  # (bs, Hp)
+    hp = q.shape[-1]
+
+    def body(j, carry):
+        acc, m, l = carry  # (bs, Hp), (bs,), (bs,)
+        kb = idx_ref[qb, j]
+        k = k_ref[pl.ds(kb * bs, bs), :]  # (bs, Hp)
+        v = v_ref[pl.ds(kb * bs, bs), :]  # (bs, Hp)
+        s = _scores(q, k, _tile(tiles_ref, tid_ref[qb, j], bs), _visible(valid_ref, kb, bs), scale)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a row with nothing allowed yet
+        alpha = jnp.exp(m - m_safe)
+        p = jnp.exp(s - m_safe[:, None])  # (bs, bs); excluded keys: exactly 0
+        l = alpha * l + p.sum(axis=-1)
+        acc = alpha[:, None] * acc + _dot(p.astype(v.dtype), v)
+        return acc, m_new, l
+
+    init = (jnp.zeros((bs, hp), jnp.float32), jnp.full((bs,), -jnp.inf, jnp.float32), jnp.zeros((bs,), jnp.float32))
+    acc, m, l = jax.lax.fori_loop(0, cnt_ref[qb], body, init)
+    l_safe = jnp.where(l > 0.0, l, 1.0)  # a row with no key at all (block filler): output 0
+    o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(m == -jnp.inf, 0.0, m) + jnp.log(l_safe)
+
+
+def _probs_and_ds(q, k, v, do, lse, delta, tile, visible, scale):
+    """Recomputed probabilities ``p`` and logit gradients ``ds`` of one tile (``[bs, bs]`` float32 each)."""
+    s = _scores(q, k, tile, visible, scale)
+    p = jnp.exp(s - lse[:, None])  # excluded keys: 0
+    dp = _dot(do, v, trans_b=True)  # (bs, bs)
+    ds = p * (dp - delta[:, None])
+    if visible is not None:  # a padded key's logit is the constant NEG: no gradient reaches q or k
+        ds = jnp.where(visible[None, :], ds, 0.0)
+    return p, ds * scale
+
+
+def _dq_kernel(idx_ref, cnt_ref, tid_ref, tiles_ref, q_ref, k_ref, v_ref, valid_ref, do_ref, lse_ref, delta_ref,
+               dq_ref, *, bs: int, scale: float):
+    """dQ of one query block, over its active key blocks."""
+    qb = pl.program_id(2)
+    q, do = q_ref[...], do_ref[...]  # (bs, Hp) each
+    lse, delta = lse_ref[...], delta_ref[...]  # (bs,) each
+
+    def body(j, dq):
+        kb = idx_ref[qb, j]
+        k = k_ref[pl.ds(kb * bs, bs), :]
+        v = v_ref[pl.ds(kb * bs, bs), :]
+        _, ds = _probs_and_ds(q, k, v, do, lse, delta, _tile(tiles_ref, tid_ref[qb, j], bs),
+                              _visible(valid_ref, kb, bs), scale)
+        return dq + _dot(ds.astype(k.dtype), k)
+
+    dq = jax.lax.fori_loop(0, cnt_ref[qb], body, jnp.zeros(q.shape, jnp.float32))
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+
+
+def _dkdv_kernel(idx_ref, cnt_ref, tid_ref, tiles_ref, q_ref, k_ref, v_ref, valid_ref, do_ref, lse_ref, delta_ref,
+                 dk_ref, dv_ref, *, bs: int, scale: float):
+    """dK and dV of one key block (for one query head), over the query blocks that see it."""
+    kb = pl.program_id(2)
+    k, v = k_ref[...], v_ref[...]  # (bs, Hp) each
+    visible = _visible(valid_ref, kb, bs)
+
+    def body(j, carry):
+        dk, dv = carry
+        qb = idx_ref[kb, j]
+        rows = pl.ds(qb * bs, bs)
+        q, do = q_ref[rows, :], do_ref[rows, :]  # (bs, Hp) each
+        p, ds = _probs_and_ds(q, k, v, do, lse_ref[rows], delta_ref[rows], _tile(tiles_ref, tid_ref[kb, j], bs),
+                              visible, scale)
+        dv = dv + _dot(p.astype(do.dtype), do, trans_a=True)
+        dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
+        return dk, dv
+
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    dk, dv = jax.lax.fori_loop(0, cnt_ref[kb], body, (zeros, zeros))
+    dk_ref[...], dv_ref[...] = dk.astype(dk_ref.dtype), dv.astype(dv_ref.dtype)
+
+
+def _whole(x: np.ndarray | jax.Array) -> pl.BlockSpec:
+    """A BlockSpec handing every program the whole (small, static) array."""
+    return pl.BlockSpec(x.shape, lambda *_: (0,) * len(x.shape))
+
+
+def _specs(mask_lists, tiles, valid, *, bs, t_pad, hp, group, q_blocked):
+    """BlockSpecs of (lists, tiles, q, k, v, valid): q blocked per program or whole, k/v whole (the loops slice)."""
+    q_block = (None, bs, None, hp) if q_blocked else (None, t_pad, None, hp)
+    q_map = (lambda b, n, i: (b, i, n, 0)) if q_blocked else (lambda b, n, i: (b, 0, n, 0))
+    kv = pl.BlockSpec((None, t_pad, None, hp), lambda b, n, i: (b, 0, n // group, 0))
+    specs = [_whole(a) for a in mask_lists] + [_whole(tiles), pl.BlockSpec(q_block, q_map), kv, kv]
+    specs.append(None if valid is None else pl.BlockSpec((None, t_pad), lambda b, n, i: (b, 0)))
+    return specs
+
+
+def _call(kernel, grid, in_specs, out_specs, out_shape, bs, interpret, name):
+    return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+                          compiler_params=plgpu.CompilerParams(num_warps=num_warps(bs), num_stages=2),
+                          interpret=interpret, name=name)
+
+
+def _mask_arrays(mask: BlockMask):
+    """The block mask as device arrays: kv lists, q lists, tiles flattened to ``[U * bs, bs]`` int8."""
+    kv = tuple(jnp.asarray(a) for a in (mask.kv_indices, mask.kv_counts, mask.kv_tiles))
+    qs = tuple(jnp.asarray(a) for a in (mask.q_indices, mask.q_counts, mask.q_tiles))
+    tiles = jnp.asarray(mask.tiles.reshape(-1, mask.block_size).astype(np.int8))
+    return kv, qs, tiles
+
+
+def _forward(q, k, v, valid, mask: BlockMask, scale: float, interpret: bool):
+    """``q [B, Tp, N, Hp]``, ``k, v [B, Tp, K, Hp]`` -> ``(out [B, Tp, N, Hp], lse [B, N, Tp])``."""
+    b, t_pad, n, hp = q.shape
+    bs, group = mask.block_size, n // k.shape[2]
+    kv, _, tiles = _mask_arrays(mask)
+    grid = (b, n, mask.num_blocks)
+    in_specs = _specs(kv, tiles, valid, bs=bs, t_pad=t_pad, hp=hp, group=group, q_blocked=True)
+    out_specs = [pl.BlockSpec((None, bs, None, hp), lambda b_, n_, i: (b_, i, n_, 0)),
+                 pl.BlockSpec((None, None, bs), lambda b_, n_, i: (b_, n_, i))]
+    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, t_pad), jnp.float32)]
+    kernel = functools.partial(_forward_kernel, bs=bs, scale=scale)
+    return _call(kernel, grid, in_specs, out_specs, out_shape, bs, interpret, "block_sparse_flash_fwd")(
+        *kv, tiles, q, k, v, valid)
+
+
+def _backward(q, k, v, valid, out, lse, do, mask: BlockMask, scale: float, interpret: bool):
+    """``(dq, dk, dv)`` of the padded inputs; dk/dv summed over each group of query heads."""
+    b, t_pad, n, hp = q.shape
+    bs, kh = mask.block_size, k.shape[2]
+    group = n // kh
+    kv, qs, tiles = _mask_arrays(mask)
+    delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), do.astype(jnp.float32))  # (B, N, Tp)
+    rows = pl.BlockSpec((None, None, bs), lambda b_, n_, i: (b_, n_, i))
+    whole_rows = pl.BlockSpec((None, None, t_pad), lambda b_, n_, i: (b_, n_, 0))
+    q_block = pl.BlockSpec((None, bs, None, hp), lambda b_, n_, i: (b_, i, n_, 0))
+    q_whole = pl.BlockSpec((None, t_pad, None, hp), lambda b_, n_, i: (b_, 0, n_, 0))
+    grid = (b, n, mask.num_blocks)
+    dq_specs = _specs(kv, tiles, valid, bs=bs, t_pad=t_pad, hp=hp, group=group, q_blocked=True) + [q_block, rows,
+                                                                                                   rows]
+    dq = _call(functools.partial(_dq_kernel, bs=bs, scale=scale), grid, dq_specs, q_block,
+               jax.ShapeDtypeStruct(q.shape, q.dtype), bs, interpret, "block_sparse_flash_dq")(
+        *kv, tiles, q, k, v, valid, do, lse, delta)
+    kv_block = pl.BlockSpec((None, bs, None, hp), lambda b_, n_, i: (b_, i, n_ // group, 0))
+    dkv_specs = _specs(qs, tiles, valid, bs=bs, t_pad=t_pad, hp=hp, group=group, q_blocked=False)
+    dkv_specs[5:7] = [kv_block, kv_block]  # this program's key block; the loop slices the query blocks
+    dkv_specs += [q_whole, whole_rows, whole_rows]
+    per_head = jax.ShapeDtypeStruct((b, t_pad, n, hp), jnp.float32)  # summed over the group below
+    dk, dv = _call(functools.partial(_dkdv_kernel, bs=bs, scale=scale), grid, dkv_specs, [q_block, q_block],
+                   [per_head, per_head], bs, interpret, "block_sparse_flash_dkdv")(
+        *qs, tiles, q, k, v, valid, do, lse, delta)
+    dk = dk.reshape(b, t_pad, kh, group, hp).sum(3).astype(k.dtype)  # (B, Tp, K, Hp)
+    dv = dv.reshape(b, t_pad, kh, group, hp).sum(3).astype(v.dtype)
+    return dq, dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _flash(q, k, v, valid, mask, scale, interpret):
+    return _forward(q, k, v, valid, mask, scale, interpret)[0]
+
+
+def _flash_fwd(q, k, v, valid, mask, scale, interpret):
+    out, lse = _forward(q, k, v, valid, mask, scale, interpret)
+    return out, (q, k, v, valid, out, lse)
+
+
+def _flash_bwd(mask, scale, interpret, residuals, do):
+    q, k, v, valid, out, lse = residuals
+    dq, dk, dv = _backward(q, k, v, valid, out, lse, do, mask, scale, interpret)
+    return dq, dk, dv, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _pad(x: jax.Array, t_pad: int, hp: int) -> jax.Array:
+    """``[B, T, heads, H] -> [B, Tp, heads, Hp]`` with zeros."""
+    return jnp.pad(x, ((0, 0), (0, t_pad - x.shape[1]), (0, 0), (0, hp - x.shape[3])))
+
+
+@functools.partial(jax.jit, static_argnames=("mask", "interpret"))
+def block_sparse_flash(query: jax.Array, key: jax.Array, value: jax.Array, mask: BlockMask, *,
+                       key_valid: jax.Array | None = None, interpret: bool = False) -> jax.Array:
+    """Exact softmax attention restricted to ``mask``'s pattern, fused: ``[B, T, N, H]`` x ``[B, T, K, H]``.
+
+    Args:
+      query: ``[B, T, N, H]``; key, value: ``[B, T, K, H]`` with K dividing N; float32, bfloat16 or float16.
+      mask: from :func:`~attn_lab.attention.block_mask.create_block_mask` at this T (causality is part of it).
+        Static and hashed by identity: cache it, so one length compiles once.
+      key_valid: ``[B, T]`` key-padding vector (False masks a key out) or None.
+      interpret: run the kernels as jax operations (any backend; for tests), instead of compiling them for a
+        CUDA GPU through Triton.
+
+    Returns:
+      ``[B, T, N, H]`` in the query dtype. Differentiable in query, key and value (fused backward).
+    """
+    b, t, n, h = query.shape
+    if key.shape[1] != t or mask.length != t:
+        raise ValueError(f"block-sparse flash attention is self-attention: query length {t}, key length "
+                         f"{key.shape[1]}, block mask length {mask.length}")
+    t_pad, hp = mask.num_blocks * mask.block_size, padded_head_dim(h)
+    valid = None
+    if key_valid is not None:
+        valid = jnp.pad(jnp.broadcast_to(key_valid, (b, t)).astype(jnp.int8), ((0, 0), (0, t_pad - t)))
+    q, k, v = (_pad(x, t_pad, hp) for x in (query, key, value))
+    out = _flash(q, k, v.astype(q.dtype), valid, mask, float(h) ** -0.5, interpret)  # (B, Tp, N, Hp)
+    return out[:, :t, :, :h]
