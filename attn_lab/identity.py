@@ -26,6 +26,13 @@ from attn_lab.checks import RunError
 NEUTRAL = ("wandb.", "task.data_dir", "compile_cache", "train.log_every", "train.checkpoint_every", "heads.track",
            "parallel.coordinator_address", "parallel.process_id")
 ABSENT = "(absent)"
+# Options added after runs were recorded, at the value that computes what such a run computed: left out of the
+# identity at that value, so a record from before the option existed is the same run (and has the same fingerprint).
+# The fused kernel's options qualify: which implementation 'auto' picks is decided per backend and was never part
+# of a run's identity (dense's 'auto' is cuDNN on a GPU and XLA on a CPU for the same config).
+ADDED_LATER = {"model.attention.local.fused_block_size": 64,
+               **{f"model.attention.{kernel}.{option}": value for kernel in ("strided", "longformer", "bigbird")
+                  for option, value in (("implementation", "auto"), ("fused_block_size", None))}}
 
 
 def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -55,12 +62,13 @@ def unused_kernels(keys: dict[str, Any]) -> set[str]:
 
 
 def comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """The keys that make the run's identity: every key but the :data:`NEUTRAL` ones and the options of kernels
-    no attention uses (:func:`unused_kernels`: they do nothing)."""
+    """The keys that make the run's identity: every key but the :data:`NEUTRAL` ones, the options of kernels no
+    attention uses (:func:`unused_kernels`: they do nothing) and :data:`ADDED_LATER` options at their old value."""
     keys = flat(config)
     unused = tuple(f"model.attention.{kernel}." for kernel in unused_kernels(keys))
     return {k: v for k, v in keys.items()
-            if not (k.startswith(NEUTRAL) or k + "." in NEUTRAL or (unused and k.startswith(unused)))}
+            if not (k.startswith(NEUTRAL) or k + "." in NEUTRAL or (unused and k.startswith(unused))
+                    or (k in ADDED_LATER and v == ADDED_LATER[k]))}
 
 
 def fingerprint(config: dict[str, Any]) -> str:

@@ -66,6 +66,22 @@ def test_a_used_kernel_s_options_are_part_of_the_identity():
     assert unused_kernel_options(base) == []
 
 
+@pytest.mark.parametrize("kernel", ["local", "strided", "longformer", "bigbird"])
+def test_a_record_from_before_the_fused_options_is_the_same_run(kernel):
+    """A run recorded before ``implementation`` / ``fused_block_size`` existed for a kernel is the same run as
+    today's config at their defaults (same fingerprint); another tile size is another run."""
+    config = load_config("numbers", "quick")
+    config.model.attention.name = kernel
+    old = config.to_dict()
+    for option in ("fused_block_size", "implementation") if kernel != "local" else ("fused_block_size",):
+        del old["model"]["attention"][kernel][option]
+    assert identity.differences(old, config.to_dict()) == []
+    assert identity.fingerprint(old) == identity.fingerprint(config.to_dict())
+    config.model.attention[kernel].fused_block_size = 32
+    assert identity.differences(old, config.to_dict()) == [
+        (f"model.attention.{kernel}.fused_block_size", identity.ABSENT, 32)]
+
+
 def test_the_command_line_form_of_the_tiny_run_is_the_same_run(tmp_path):
     config = load_config("numbers", "quick")
     check_config_overrides(config, tiny_numbers_flags(str(tmp_path)))

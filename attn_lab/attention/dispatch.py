@@ -25,7 +25,8 @@ as the XLA path's softmax over equal logits does.
 
 The decision is one pure function, :func:`cudnn_refusal`, so its table is tested on a CPU by naming the backend;
 :func:`choose` turns it and the requested option into a path; :func:`describe_dispatch` states, in one line, what
-every attention kind of a built model gets.
+every attention kind of a built model gets. The sparse patterns' fused block-sparse kernel (:mod:`.flash`) has the
+same two halves, :func:`fused_refusal` and :func:`choose_fused`: it compiles for a CUDA GPU only.
 """
 
 from __future__ import annotations

@@ -154,14 +154,24 @@ def _whole(x: np.ndarray | jax.Array) -> pl.BlockSpec:
     return pl.BlockSpec(x.shape, lambda *_: (0,) * len(x.shape))
 
 
-def _specs(mask_lists, tiles, valid, *, bs, t_pad, hp, group, q_blocked):
-    """BlockSpecs of (lists, tiles, q, k, v, valid): q blocked per program or whole, k/v whole (the loops slice)."""
-    q_block = (None, bs, None, hp) if q_blocked else (None, t_pad, None, hp)
-    q_map = (lambda b, n, i: (b, i, n, 0)) if q_blocked else (lambda b, n, i: (b, 0, n, 0))
-    kv = pl.BlockSpec((None, t_pad, None, hp), lambda b, n, i: (b, 0, n // group, 0))
-    specs = [_whole(a) for a in mask_lists] + [_whole(tiles), pl.BlockSpec(q_block, q_map), kv, kv]
-    specs.append(None if valid is None else pl.BlockSpec((None, t_pad), lambda b, n, i: (b, 0)))
-    return specs
+def _block_specs(bs: int, t_pad: int, hp: int, group: int) -> dict[str, pl.BlockSpec]:
+    """The BlockSpecs over the grid ``(batch b, query head n, block i)``: one block of a program's own rows
+    (``*_block``) or the whole sequence, which its loop slices (``*_whole``); k/v read kv head ``n // group``."""
+    return {
+        "q_block": pl.BlockSpec((None, bs, None, hp), lambda b, n, i: (b, i, n, 0)),
+        "q_whole": pl.BlockSpec((None, t_pad, None, hp), lambda b, n, i: (b, 0, n, 0)),
+        "kv_block": pl.BlockSpec((None, bs, None, hp), lambda b, n, i: (b, i, n // group, 0)),
+        "kv_whole": pl.BlockSpec((None, t_pad, None, hp), lambda b, n, i: (b, 0, n // group, 0)),
+        "rows_block": pl.BlockSpec((None, None, bs), lambda b, n, i: (b, n, i)),
+        "rows_whole": pl.BlockSpec((None, None, t_pad), lambda b, n, i: (b, n, 0)),
+        "valid": pl.BlockSpec((None, t_pad), lambda b, n, i: (b, 0)),
+    }
+
+
+def _inputs(lists, tiles, valid, q_spec, kv_spec, specs) -> list[pl.BlockSpec | None]:
+    """Specs of the operands every kernel takes first: (3 lists, tiles, q, k, v, valid or None)."""
+    return [_whole(a) for a in lists] + [_whole(tiles), q_spec, kv_spec, kv_spec,
+                                          None if valid is None else specs["valid"]]
 
 
 def _call(kernel, grid, in_specs, out_specs, out_shape, bs, interpret, name):
@@ -181,15 +191,13 @@ def _mask_arrays(mask: BlockMask):
 def _forward(q, k, v, valid, mask: BlockMask, scale: float, interpret: bool):
     """``q [B, Tp, N, Hp]``, ``k, v [B, Tp, K, Hp]`` -> ``(out [B, Tp, N, Hp], lse [B, N, Tp])``."""
     b, t_pad, n, hp = q.shape
-    bs, group = mask.block_size, n // k.shape[2]
+    bs = mask.block_size
+    specs = _block_specs(bs, t_pad, hp, n // k.shape[2])
     kv, _, tiles = _mask_arrays(mask)
-    grid = (b, n, mask.num_blocks)
-    in_specs = _specs(kv, tiles, valid, bs=bs, t_pad=t_pad, hp=hp, group=group, q_blocked=True)
-    out_specs = [pl.BlockSpec((None, bs, None, hp), lambda b_, n_, i: (b_, i, n_, 0)),
-                 pl.BlockSpec((None, None, bs), lambda b_, n_, i: (b_, n_, i))]
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, t_pad), jnp.float32)]
-    kernel = functools.partial(_forward_kernel, bs=bs, scale=scale)
-    return _call(kernel, grid, in_specs, out_specs, out_shape, bs, interpret, "block_sparse_flash_fwd")(
+    return _call(functools.partial(_forward_kernel, bs=bs, scale=scale), (b, n, mask.num_blocks),
+                 _inputs(kv, tiles, valid, specs["q_block"], specs["kv_whole"], specs),
+                 [specs["q_block"], specs["rows_block"]], out_shape, bs, interpret, "block_sparse_flash_fwd")(
         *kv, tiles, q, k, v, valid)
 
 
@@ -197,27 +205,22 @@ def _backward(q, k, v, valid, out, lse, do, mask: BlockMask, scale: float, inter
     """``(dq, dk, dv)`` of the padded inputs; dk/dv summed over each group of query heads."""
     b, t_pad, n, hp = q.shape
     bs, kh = mask.block_size, k.shape[2]
-    group = n // kh
+    specs = _block_specs(bs, t_pad, hp, n // kh)
     kv, qs, tiles = _mask_arrays(mask)
     delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), do.astype(jnp.float32))  # (B, N, Tp)
-    rows = pl.BlockSpec((None, None, bs), lambda b_, n_, i: (b_, n_, i))
-    whole_rows = pl.BlockSpec((None, None, t_pad), lambda b_, n_, i: (b_, n_, 0))
-    q_block = pl.BlockSpec((None, bs, None, hp), lambda b_, n_, i: (b_, i, n_, 0))
-    q_whole = pl.BlockSpec((None, t_pad, None, hp), lambda b_, n_, i: (b_, 0, n_, 0))
     grid = (b, n, mask.num_blocks)
-    dq_specs = _specs(kv, tiles, valid, bs=bs, t_pad=t_pad, hp=hp, group=group, q_blocked=True) + [q_block, rows,
-                                                                                                   rows]
-    dq = _call(functools.partial(_dq_kernel, bs=bs, scale=scale), grid, dq_specs, q_block,
+    dq_in = _inputs(kv, tiles, valid, specs["q_block"], specs["kv_whole"], specs)
+    dq_in += [specs["q_block"], specs["rows_block"], specs["rows_block"]]  # dO, lse, delta of this query block
+    dq = _call(functools.partial(_dq_kernel, bs=bs, scale=scale), grid, dq_in, specs["q_block"],
                jax.ShapeDtypeStruct(q.shape, q.dtype), bs, interpret, "block_sparse_flash_dq")(
         *kv, tiles, q, k, v, valid, do, lse, delta)
-    kv_block = pl.BlockSpec((None, bs, None, hp), lambda b_, n_, i: (b_, i, n_ // group, 0))
-    dkv_specs = _specs(qs, tiles, valid, bs=bs, t_pad=t_pad, hp=hp, group=group, q_blocked=False)
-    dkv_specs[5:7] = [kv_block, kv_block]  # this program's key block; the loop slices the query blocks
-    dkv_specs += [q_whole, whole_rows, whole_rows]
-    per_head = jax.ShapeDtypeStruct((b, t_pad, n, hp), jnp.float32)  # summed over the group below
-    dk, dv = _call(functools.partial(_dkdv_kernel, bs=bs, scale=scale), grid, dkv_specs, [q_block, q_block],
-                   [per_head, per_head], bs, interpret, "block_sparse_flash_dkdv")(
-        *qs, tiles, q, k, v, valid, do, lse, delta)
+    dkv_in = _inputs(qs, tiles, valid, specs["q_whole"], specs["kv_block"], specs)
+    dkv_in += [specs["q_whole"], specs["rows_whole"], specs["rows_whole"]]  # the loop slices the query blocks
+    per_head = jax.ShapeDtypeStruct((b, t_pad, n, hp), jnp.float32)  # summed over each group below
+    dk, dv = _call(functools.partial(_dkdv_kernel, bs=bs, scale=scale), grid, dkv_in,
+                   [specs["q_block"], specs["q_block"]], [per_head, per_head], bs, interpret,
+                   "block_sparse_flash_dkdv")(*qs, tiles, q, k, v, valid, do, lse, delta)
+    group = n // kh
     dk = dk.reshape(b, t_pad, kh, group, hp).sum(3).astype(k.dtype)  # (B, Tp, K, Hp)
     dv = dv.reshape(b, t_pad, kh, group, hp).sum(3).astype(v.dtype)
     return dq, dk, dv
