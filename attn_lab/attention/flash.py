@@ -277,3 +277,10 @@ def block_sparse_flash(query: jax.Array, key: jax.Array, value: jax.Array, mask:
     q, k, v = (_pad(x, t_pad, hp) for x in (query, key, value))
     out = _flash(q, k, v.astype(q.dtype), valid, mask, float(h) ** -0.5, interpret)  # (B, Tp, N, Hp)
     return out[:, :t, :, :h]
+
+
+def fused_path(path: str, query: jax.Array, key: jax.Array, value: jax.Array, mask: BlockMask,
+               key_valid: jax.Array | None) -> jax.Array:
+    """A kernel's 'fused' / 'fused_interpret' dispatch path (``dispatch.FUSED``): the kernel compiled or
+    interpreted."""
+    return block_sparse_flash(query, key, value, mask, key_valid=key_valid, interpret=path == "fused_interpret")

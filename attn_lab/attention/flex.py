@@ -30,7 +30,7 @@ import numpy as np
 from attn_lab.attention.block_mask import BlockMask, check_block_size, create_block_mask
 from attn_lab.attention.blocksparse import Layout, block_sparse_attention, build_layout
 from attn_lab.attention.dispatch import FUSED, call_facts, check_fused_option, choose_fused
-from attn_lab.attention.flash import block_sparse_flash
+from attn_lab.attention.flash import fused_path
 from attn_lab.attention.registry import AttentionKernel, key_padding
 
 _BLOCK_MASKS: dict[tuple, BlockMask] = {}  # (kernel class, options, T, causal, block) -> block mask
@@ -131,8 +131,7 @@ class PatternAttention(AttentionKernel):
         key_valid = key_padding(mask, self.name)
         path = self.dispatch(**call_facts(query, key, mask, is_causal), needs_matrix=need_weights)
         if path in FUSED:
-            out = block_sparse_flash(query, key, value, self.block_mask(query.shape[1], bool(is_causal)),
-                                     key_valid=key_valid, interpret=path == "fused_interpret")
-            return out, None
+            mask = self.block_mask(query.shape[1], bool(is_causal))
+            return fused_path(path, query, key, value, mask, key_valid), None
         return block_sparse_attention(query, key, value, self.layout(query.shape[1], bool(is_causal)),
                                       key_valid=key_valid, precision=precision, need_weights=need_weights)

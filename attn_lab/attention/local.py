@@ -34,7 +34,7 @@ from attn_lab.attention.dispatch import (
     cudnn_attention,
     cudnn_refusal,
 )
-from attn_lab.attention.flash import block_sparse_flash
+from attn_lab.attention.flash import fused_path
 from attn_lab.attention.registry import AttentionKernel, key_padding, register
 
 BLOCKS_PER_REACH = 2  # blocks per side's reach: smaller blocks gather fewer keys outside the band
@@ -215,6 +215,5 @@ class LocalAttention(AttentionKernel):
             return cudnn_attention(query, key, value, is_causal=is_causal, window=reach(self.window, is_causal)), None
         if path in FUSED:
             mask = band_block_mask(query.shape[1], self.window, bool(is_causal), self.fused_block_size)
-            return block_sparse_flash(query, key, value, mask, key_valid=key_valid,
-                                      interpret=path == "fused_interpret"), None
+            return fused_path(path, query, key, value, mask, key_valid), None
         return local_attention(query, key, value, **opts), None
