@@ -41,7 +41,7 @@ def get_experiment(preset: str = "quick") -> dict:
         return {"name": "diversity_quick", "config": "configs/numbers.py:quick",
                 "overrides": {"train.num_steps": 150, "train.eval_every": 150, "train.checkpoint_every": 150},
                 "variants": variants, "seeds": VERDICT_SEEDS, "analyze": analyze,
-                "design": design(QUICK_SD, names)}
+                "design": design(QUICK_SD, names, QUICK_EFFECT)}
     if preset == "full":
         return {"name": "diversity_full", "config": "configs/numbers.py",
                 "variants": variants, "seeds": [0, 1, 2, 3, 4], "analyze": analyze | {"max_batches": 8},
@@ -71,13 +71,14 @@ PILOT = "experiments/diversity.py:quick --seeds 0,1,2,3,4 (docs/diversity.md, pi
 # At lambda = 1 the three Li et al. terms cost 0.3-0.6 exact match with sds 0.09-0.19 (undecidable at 5 seeds); the
 # hinge at 0.01 barely moves training, so its paired sd is 0.015 (decidable)
 QUICK_SD = {"subspace": 0.186, "position": 0.085, "output": 0.104, "map_cosine": 0.015}  # pilot: 5 seeds
+QUICK_EFFECT = {"subspace": -0.341, "position": -0.615, "output": -0.449, "map_cosine": -0.019}  # its mean diffs
 VERDICT_SEEDS = [100, 101, 102, 103, 104]
 
 
-def design(sd: dict | None = None, rows=FINDINGS) -> Design:
-    """The findings of the preset's ``rows`` with the per-seed sds it expects (None: no pilot at that preset:
-    undecidable)."""
-    return Design.of(FINDINGS, sd, PILOT, PILOT_SEEDS, rows)
+def design(sd: dict | None = None, rows=FINDINGS, effect: dict | None = None) -> Design:
+    """The findings of the preset's ``rows`` with what its pilot measured (None: no pilot at that preset: the
+    findings are exploratory)."""
+    return Design.of(FINDINGS, sd, PILOT, PILOT_SEEDS, rows, effect)
 
 
 def _metric(row: dict) -> str:

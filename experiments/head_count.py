@@ -53,16 +53,17 @@ def get_experiment(preset: str = "quick") -> dict:
         rows = _rows(64, [1, 8], 16, [])
         return {"name": "head_count_demo", "config": "configs/numbers.py:quick", "overrides": short,
                 "variants": {k: rows[k] for k in ("A-h1", "A-h8")}, "seeds": VERDICT_SEEDS[:2],
-                "design": design(QUICK_SD, ("A-h1",))}
+                "design": design(QUICK_SD, ("A-h1",), QUICK_EFFECT)}
     if preset == "quick":
         rows = _rows(64, [1, 2, 4, 8, 16], 16, [1, 8])
         return {"name": "head_count_quick", "config": "configs/numbers.py:quick",
                 "overrides": short | BEAM,
-                "variants": rows, "seeds": VERDICT_SEEDS, "design": design(QUICK_SD)}
+                "variants": rows, "seeds": VERDICT_SEEDS, "design": design(QUICK_SD, FINDINGS, QUICK_EFFECT)}
     if preset == "lm":  # the same rows on a decoder-only language model: bible_lm, perplexity on held-out books
         rows = _rows(64, [1, 2, 4, 8, 16], 16, [])
         return {"name": "head_count_lm", "config": "configs/bible_lm.py:quick", "variants": rows,
-                "seeds": VERDICT_SEEDS, "design": Design.of(FINDINGS_LM, LM_SD, LM_PILOT, PILOT_SEEDS)}
+                "seeds": VERDICT_SEEDS,
+                "design": Design.of(FINDINGS_LM, LM_SD, LM_PILOT, PILOT_SEEDS, effect=LM_EFFECT)}
     if preset == "powered":  # quick's judged rows at the seeds the pilot says they need: for an accelerator
         quick = get_experiment("quick")
         rows = {k: v for k, v in quick["variants"].items() if k in (BASELINE, *FINDINGS)}
@@ -122,6 +123,7 @@ FINDINGS = {
 PILOT_SEEDS = (0, 1, 2, 3, 4)
 PILOT = "experiments/head_count.py:quick --seeds 0,1,2,3,4 (docs/head_count.md, pilot)"
 QUICK_SD = {"A-h1": 0.064, "A-h16": 0.060, "MQA-h8": 0.120, "GQA-h8-kv2": 0.105}  # pilot: 5 seeds, 39 min loaded
+QUICK_EFFECT = {"A-h1": -0.159, "A-h16": -0.063, "MQA-h8": -0.293, "GQA-h8-kv2": -0.171}  # its 'ours' column
 VERDICT_SEEDS = [100, 101, 102, 103, 104]
 
 
@@ -142,12 +144,13 @@ LM_PILOT = "experiments/head_count.py:lm --seeds 0,1,2,3,4 (docs/head_count.md, 
 # Pilot: python scripts/sweep.py --experiment experiments/head_count.py:lm --workdir runs/pilot/head_count_lm \
 #   --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 (25.7 min on 2 CPU cores, partly shared); 'sd: run' of its table:
 LM_SD = {"A-h1": 0.005, "A-h16": 0.005, "MQA-h8": 0.010, "GQA-h8-kv2": 0.003}
+LM_EFFECT = {"A-h1": -0.015, "A-h16": 0.002, "MQA-h8": -0.006, "GQA-h8-kv2": -0.003}  # its mean differences
 
 
-def design(sd: dict | None = None, rows=FINDINGS) -> Design:
-    """The findings of the preset's ``rows`` with the per-seed sds it expects (None: no pilot at that preset:
-    undecidable)."""
-    return Design.of(FINDINGS, sd, PILOT, PILOT_SEEDS, rows)
+def design(sd: dict | None = None, rows=FINDINGS, effect: dict | None = None) -> Design:
+    """The findings of the preset's ``rows`` with what its pilot measured (None: no pilot at that preset: the
+    findings are exploratory)."""
+    return Design.of(FINDINGS, sd, PILOT, PILOT_SEEDS, rows, effect)
 
 
 def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:

@@ -79,7 +79,7 @@ def get_experiment(preset: str = "quick") -> dict:
     if preset == "quick":
         return {"name": "recall_quick", "config": "configs/mqar.py:quick", "overrides": _train(STEPS),
                 "variants": _variants([64], KERNELS, QUICK_LENGTHS), "seeds": VERDICT_SEEDS,
-                "design": Design.of(FINDINGS, QUICK_SD, PILOT, PILOT_SEEDS, QUICK_FINDINGS)}
+                "design": Design.of(FINDINGS, QUICK_SD, PILOT, PILOT_SEEDS, QUICK_FINDINGS, QUICK_EFFECT)}
     if preset == "full":
         return {"name": "recall_full", "config": "configs/mqar.py:quick", "overrides": _train(1500, 64),
                 "variants": _variants([64, 128], {**KERNELS, **LEARNED}, LENGTHS), "seeds": VERDICT_SEEDS,
@@ -133,6 +133,10 @@ PILOT_SEEDS = (0, 1, 2)
 PILOT = "experiments/recall.py:quick --seeds 0,1,2 (docs/recall.md, pilot)"
 QUICK_SD = {"attention solves": 0.006, "linear below attention": 0.049, "performer below attention": 0.008,
             "window grows": 0.042}
+# the pilot's mean differences at T=64 (its table: dense 0.997, local-8 0.221, local-32 0.835, linear 0.316,
+# performer 0.251)
+QUICK_EFFECT = {"attention solves": -0.003, "linear below attention": -0.681, "performer below attention": -0.746,
+                "window grows": 0.614}
 VERDICT_SEEDS = [100, 101, 102]
 
 

@@ -56,7 +56,7 @@ def get_experiment(preset: str = "quick") -> dict:
                               "model.attention.linformer.k": 32, "model.attention.performer.num_features": 64,
                               "train.num_steps": 450, "train.eval_every": 450, "train.checkpoint_every": 450},
                 "variants": {k: {"model.attention.name": k} for k in KERNELS[:5]}, "seeds": VERDICT_SEEDS,
-                "design": design(QUICK_SD, KERNELS[:5])}
+                "design": design(QUICK_SD, KERNELS[:5], QUICK_EFFECT)}
     if preset == "gpu":
         return {"name": "variants_gpu", "config": "configs/listops.py",
                 "overrides": {"task.min_length": 500, "task.max_length": 2000, "task.max_depth": 10,
@@ -99,15 +99,14 @@ FINDINGS = {k: Finding(f"{k} {'matches' if abs(v - LRA_LISTOPS['dense']) < 3 els
 PILOT_SEEDS = (0, 1, 2, 3, 4)
 PILOT = "experiments/variants.py:quick --seeds 0,1,2,3,4 (docs/variants.md, pilot)"
 QUICK_SD = {"local": 0.009, "linformer": 0.012, "performer": 0.005, "linear": 0.007}  # pilot, 5 seeds (23 min)
+QUICK_EFFECT = {"local": -0.010, "linformer": -0.013, "performer": 0.000, "linear": -0.054}  # its mean differences
 VERDICT_SEEDS = [100, 101, 102, 103, 104]
 
 
-def design(sd: dict | None = None, rows=FINDINGS) -> Design:
-    """The findings of the preset's ``rows`` with the per-seed sds it expects (None: no pilot at that preset:
-    undecidable)."""
-    findings = {k: f for k, f in FINDINGS.items() if k in rows}
-    return Design(findings, {k: (sd or {}).get(k) for k in findings}, PILOT if sd else "no pilot at this preset",
-                  PILOT_SEEDS)
+def design(sd: dict | None = None, rows=FINDINGS, effect: dict | None = None) -> Design:
+    """The findings of the preset's ``rows`` with what its pilot measured (None: no pilot at that preset: the
+    findings are exploratory)."""
+    return Design.of(FINDINGS, sd, PILOT, PILOT_SEEDS, rows, effect)
 
 
 LRA_SPEED = {"dense": (1.0, 1.0), "local": (1.1, 5.3), "linformer": (1.2, 5.5), "lsh": (0.5, 0.8),

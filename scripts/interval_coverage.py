@@ -1,25 +1,21 @@
-"""How often the verdict interval covers the true mean difference, by simulation (what docs/sweeps.md quotes).
+"""How often each candidate verdict interval covers the true mean difference, by simulation (docs/sweeps.md).
 
-  python scripts/interval_coverage.py            # 4,000 simulated sweeps per cell, about a minute
+  python scripts/interval_coverage.py            # 4,000 simulated sweeps per cell, about two minutes
 
-Rows: the paired t-interval (the verdicts' interval) and the percentile bootstrap of the mean (the one before), on
-normal and on log-normal (skewed) per-seed differences, at 3, 5 and 10 pairs; nominal level 0.95. The same
-``attn_lab.reporting.stats.coverage`` is what tests/test_stats.py bounds.
+Rows: the paired t, the bootstrap-t, BCa and their hull (the verdicts' interval), for normal, heavy-tailed, skewed
+and 15%-collapse per-seed differences, at 3, 5 and 10 pairs; nominal level 0.95. The candidates and shapes are
+``attn_lab.reporting.coverage``, which tests/test_stats.py bounds.
 """
 
-import math
-
-import numpy as np
-
 from attn_lab.markdown import markdown_table
-from attn_lab.reporting import stats
-
-DRAWS = {"normal (mean 0.1, sd 0.05)": (lambda rng, shape: 0.1 + 0.05 * rng.standard_normal(shape), 0.1),
-         "log-normal (skewness 6.2)": (lambda rng, shape: np.exp(rng.standard_normal(shape)), math.exp(0.5))}
-INTERVALS = {"paired t": stats.t_interval,
-             "percentile bootstrap (2,000 resamples)": lambda d: stats.percentile_bootstrap(d, resamples=2000)}
+from attn_lab.reporting import coverage
 
 if __name__ == "__main__":
-    rows = [[name, data, *(f"{stats.coverage(fn, draw, n, truth):.3f}" for n in (3, 5, 10))]
-            for data, (draw, truth) in DRAWS.items() for name, fn in INTERVALS.items()]
-    print(markdown_table(["interval", "differences", "3 pairs", "5 pairs", "10 pairs"], rows))
+    cells = coverage.table()
+    rows = [[name, shape, *(f"{cells[name, shape, n]:.3f}" for n in coverage.PAIRS)]
+            for shape in coverage.SHAPES for name in coverage.CANDIDATES]
+    worst = [[name, *(f"{min(cells[name, s, n] for s in coverage.SHAPES):.3f}" for n in coverage.PAIRS)]
+             for name in coverage.CANDIDATES]
+    print(markdown_table(["interval", "differences", *(f"{n} pairs" for n in coverage.PAIRS)], rows))
+    print()
+    print(markdown_table(["interval (worst shape)", *(f"{n} pairs" for n in coverage.PAIRS)], worst))

@@ -27,7 +27,7 @@ def _flat(masks: dict[str, np.ndarray]) -> list[tuple[str, int, int]]:
 
 
 def _ranked(scores: dict[str, np.ndarray], masks: dict[str, np.ndarray], order: str,
-            rng: np.random.Generator) -> list[tuple[str, int, int]]:
+            rng: np.random.Generator | None) -> list[tuple[str, int, int]]:
     """Unpruned heads, first to prune first."""
     alive = [h for h in _flat(masks) if masks[h[0]][h[1], h[2]] > 0]
     if order == "random":
@@ -39,15 +39,32 @@ def _ranked(scores: dict[str, np.ndarray], masks: dict[str, np.ndarray], order: 
 
 def pruning_curve(state: dict, batches: list[dict], shapes: dict[str, tuple[int, int]], score: Scorer,
                   importance_sums: Callable, *, order: str = "importance", fraction: float = 0.1,
-                  rescore: bool = False, seed: int = 0, finetune: Callable | None = None) -> list[dict]:
+                  rescore: bool = False, seed: int = 0, finetune: Callable | None = None,
+                  random_orders: int = 1) -> list[dict]:
     """The metric after pruning 0%, 10%, ... of all heads; one dict per step.
+
+    ``order='random'`` prunes in ``random_orders`` independent random orders drawn from the run's ``seed`` (order
+    ``r`` from the stream ``(seed, r)``: each seed of a sweep gets its own orders) and returns their mean curve, each
+    point keeping the orders' own ``scores``: one random order per seed is a noisy baseline, and one fixed order on
+    every seed is no baseline at all (it prunes the same heads first everywhere).
 
     ``finetune(state, masks, step) -> state``: trains the pruned model between steps (Michel et al. Section 4.2's
     optional retraining); importance (when re-scored) and the metric then use the fine-tuned state.
     """
     if order not in ORDERS:
         raise ValueError(f"pruning order {order!r} is not one of {ORDERS}")
-    rng = np.random.default_rng(seed)
+    if order != "random":
+        return _curve(state, batches, shapes, score, importance_sums, order, fraction, rescore, None, finetune)
+    curves = [_curve(state, batches, shapes, score, importance_sums, order, fraction, rescore,
+                     np.random.default_rng([seed, r]), finetune) for r in range(random_orders)]
+    return [{**points[0], "score": float(np.mean([p["score"] for p in points])), "scores": [p["score"] for p in points]}
+            for points in zip(*curves)]
+
+
+def _curve(state: dict, batches: list[dict], shapes: dict[str, tuple[int, int]], score: Scorer,
+           importance_sums: Callable, order: str, fraction: float, rescore: bool, rng: np.random.Generator | None,
+           finetune: Callable | None) -> list[dict]:
+    """One pruning curve in one order (``rng``: the random order's stream)."""
     masks = {k: np.ones(s) for k, s in shapes.items()}
     total = sum(m.size for m in masks.values())
     per_step = max(1, int(round(fraction * total)))
@@ -67,12 +84,20 @@ def pruning_curve(state: dict, batches: list[dict], shapes: dict[str, tuple[int,
             state = finetune(state, masks, len(curve))
 
 
+def expected_one_head_removal(full_score: float, single_head_deltas: dict[str, np.ndarray]) -> float:
+    """The exact expectation of the metric after removing one head chosen uniformly at random: the full score plus
+    the mean over every head of its single-head ablation's change (``{kind: [L, N] deltas}``). The random curve's
+    first step (one head pruned) estimates this; here it is computed, with no sampling noise."""
+    deltas = np.concatenate([np.asarray(d, np.float64).ravel() for d in single_head_deltas.values()])
+    return float(full_score + deltas.mean())
+
+
 def prune_masks(importance: dict[str, np.ndarray], percent: float) -> dict[str, np.ndarray]:
     """0/1 masks removing the ``percent`` least important heads (per-layer normalized scores; one head kept)."""
     masks = {k: np.ones(v.shape) for k, v in importance.items()}
     total = sum(m.size for m in masks.values())
     count = min(int(round(percent / 100.0 * total)), total - 1)
-    for kind, layer, head in _ranked(importance, masks, "importance", np.random.default_rng(0))[:count]:
+    for kind, layer, head in _ranked(importance, masks, "importance", None)[:count]:
         masks[kind][layer, head] = 0.0
     return masks
 

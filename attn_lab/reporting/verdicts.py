@@ -29,16 +29,24 @@ against the margin: different from zero and not equivalent (reproduced), differe
 published), equivalent and not different (not reproduced), neither (inconclusive). Each interval edge is a one-sided
 t-test at ``(1 - LEVEL) / 2``: ``L > 0`` is ``p(H0: d <= 0) < 0.025``, and so on (:func:`claim_p`).
 
-**Multiplicity.** The family is the confirmatory, decidable findings of one table: a verdict other than
-inconclusive stands only if its claim's p-value, Holm-adjusted over that family, is below ``(1 - LEVEL) / 2``
-(Holm 1979; with data-chosen directions as in Shaffer 1980); otherwise the row is inconclusive.
+**The plan, before the run** (:mod:`.plan`). A preset declares, per finding, what a pilot on other seeds measured:
+the mean paired difference (its *effect*) and the sd of the per-seed differences. With the preset's seeds, the
+plan simulates the verdict run from that effect and a pessimistic sd (the pilot sd's 80% upper limit) and gives the
+finding's chance of reaching any verdict; the findings whose chance is at least 0.8 at the family's Holm floor form
+the table's **confirmatory family**. A large effect is decided by few seeds however small its margin.
 
-**Design, before the run.** A preset declares, per finding, the per-seed standard deviation of the paired
-difference it expects (from a pilot on seeds the verdict run does not use). With its number of seeds this gives
-the expected half-width of the interval (:func:`attn_lab.reporting.stats.expected_half_width`); a finding whose
-expected half-width is not below its margin is ``undecidable at this budget``: it is not tested, its row says so
-whatever the data, and it is not in the Holm family. The sweep writes the design into ``sweep.json`` when it starts
-(:func:`registration`); the table compares it with the experiment file as it is now.
+**Multiplicity.** A confirmatory verdict other than inconclusive stands only if its claim's p-value, Holm-adjusted
+over the family, is below ``(1 - LEVEL) / 2`` (Holm 1979; with data-chosen directions as in Shaffer 1980);
+otherwise the row is inconclusive. A finding outside the family (no pilot, a chance below 0.8, or formed on these
+seeds) is still judged by the same table and printed with its interval as ``<verdict> (exploratory)``: never
+withheld, never counted as a confirmed claim.
+
+**What few seeds cannot see** (:mod:`.stats`). A seed whose difference lies far from the rest is named as collapsed
+(a stated rule: :func:`attn_lab.reporting.stats.collapsed`). 'Same' and 'not worse' claims -- the ones a variant
+that sometimes fails to train breaks, and that no interval over seeds that showed no failure can protect -- are
+withheld when a run or pilot seed collapsed, and otherwise state the collapse rate their seeds exclude
+(``< 1 - 0.05^(1/n)``). A difference with no spread across seeds (a floor or ceiling) is decided from the pooled
+per-example counts (Clopper-Pearson), never from a zero-width interval over seeds.
 """
 
 from __future__ import annotations
@@ -50,15 +58,19 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from attn_lab.reporting import stats
-from attn_lab.reporting.stats import INTERVAL, LEVEL, Interval, paired_t
+import numpy as np
 
-MIN_PAIRS = 3  # below this a t-interval has one degree of freedom: nothing is decided by one seed's luck
+from attn_lab.reporting import plan as plan_lib
+from attn_lab.reporting import stats
+from attn_lab.reporting.plan import MIN_PAIRS, POWER
+from attn_lab.reporting.stats import INTERVAL, LEVEL, Interval, paired
+
 ALPHA = (1 - LEVEL) / 2  # one-sided level of each interval edge
 Direction = Literal["up", "down", "same", "not_worse"]
 DIRECTIONS = ("up", "down", "same", "not_worse")
-UNDECIDABLE = "undecidable at this budget"
-VERDICTS = ("reproduced", "smaller than published", "not reproduced", "inconclusive", UNDECIDABLE)
+EXPLORATORY = "exploratory"
+WITHHELD = "withheld"
+VERDICTS = ("reproduced", "smaller than published", "not reproduced", "inconclusive")
 
 
 def _number(x: Any) -> bool:
@@ -94,15 +106,19 @@ class Finding:
 
 @dataclasses.dataclass(frozen=True)
 class Design:
-    """What a preset promises before it runs (pre-registration): its findings and the noise it expects.
+    """What a preset promises before it runs (pre-registration): its findings and what a pilot measured.
 
     Attributes:
       findings: key -> finding (the key names the compared row, or whatever the experiment's report pairs).
-      sd: key -> the per-seed standard deviation of that finding's paired difference expected at this preset, from
-        a pilot run (None: no pilot; the preset cannot say what it detects, and the finding is undecidable).
-      pilot: where the standard deviations come from: the command and the seeds of the pilot run.
+      sd: key -> the per-seed standard deviation of that finding's paired difference in the pilot (None: no pilot;
+        the finding is exploratory).
+      pilot: where the pilot's numbers come from: the command and the seeds of the pilot run.
       pilot_seeds: the seeds the pilot used; a verdict run must use others (a run on them is a pilot itself).
       level: the interval's level.
+      effect: key -> the pilot's mean paired difference (compared row minus baseline, as its table printed it;
+        None or absent: unknown, so the finding is exploratory).
+      pilot_collapsed: key -> how many of the pilot's seeds collapsed (its table's 'collapsed' column); a 'same' or
+        'not worse' verdict is withheld when any did.
     """
 
     findings: Mapping[str, Finding]
@@ -110,6 +126,8 @@ class Design:
     pilot: str = ""
     pilot_seeds: tuple[int, ...] = ()
     level: float = LEVEL
+    effect: Mapping[str, float | None] = dataclasses.field(default_factory=dict)
+    pilot_collapsed: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         missing = [k for k in self.findings if k not in self.sd]
@@ -118,55 +136,65 @@ class Design:
         for key, sd in self.sd.items():
             if sd is not None and not (_number(sd) and sd > 0 and math.isfinite(sd)):
                 raise ValueError(f"Design: sd['{key}']={sd!r}; allowed: a positive number (None: no pilot)")
+        for key, effect in self.effect.items():
+            if key not in self.findings:
+                raise ValueError(f"Design: effect key '{key}' is not a finding; findings: {', '.join(self.findings)}")
+            if effect is not None and not (_number(effect) and math.isfinite(effect)):
+                raise ValueError(f"Design: effect['{key}']={effect!r}; allowed: a finite number (None: no pilot)")
+        for key, count in self.pilot_collapsed.items():
+            if key not in self.findings or not (isinstance(count, int) and not isinstance(count, bool) and count >= 0):
+                raise ValueError(f"Design: pilot_collapsed['{key}']={count!r}; allowed: a finding's count of "
+                                 "collapsed pilot seeds (an int >= 0)")
         if not (isinstance(self.level, float) and 0.5 < self.level < 1):
             raise ValueError(f"Design: level={self.level!r}; allowed: a float in (0.5, 1), e.g. 0.95")
 
     @classmethod
     def of(cls, findings: Mapping[str, Finding], sd: Mapping[str, float | None] | None, pilot: str,
-           pilot_seeds: tuple[int, ...], rows=None) -> "Design":
-        """A preset's design: the ``findings`` among ``rows`` (default all) with the sds its pilot measured (``sd``
-        None or a key missing: no pilot at this preset, so that finding is undecidable)."""
-        unknown = sorted(set(sd or {}) - set(findings))
-        if unknown:
-            raise ValueError(f"Design: sd key '{unknown[0]}' is not a finding; findings: {', '.join(findings)}")
+           pilot_seeds: tuple[int, ...], rows=None, effect: Mapping[str, float | None] | None = None,
+           pilot_collapsed: Mapping[str, int] | None = None) -> "Design":
+        """A preset's design: the ``findings`` among ``rows`` (default all) with what its pilot measured (``sd``
+        None or a key missing: no pilot at this preset, so that finding is exploratory)."""
+        for name, given in (("sd", sd), ("effect", effect), ("pilot_collapsed", pilot_collapsed)):
+            unknown = sorted(set(given or {}) - set(findings))
+            if unknown:
+                raise ValueError(f"Design: {name} key '{unknown[0]}' is not a finding; findings: {', '.join(findings)}")
         chosen = {k: f for k, f in findings.items() if rows is None or k in rows}
         return cls(chosen, {k: (sd or {}).get(k) for k in chosen}, pilot if sd else "no pilot at this preset",
-                   tuple(pilot_seeds))
+                   tuple(pilot_seeds), effect={k: v for k, v in (effect or {}).items() if k in chosen},
+                   pilot_collapsed={k: v for k, v in (pilot_collapsed or {}).items() if k in chosen})
 
     def plan(self, seeds: int) -> dict[str, dict[str, Any]]:
-        """Per finding, what ``seeds`` seeds can show: the expected half-width, the smallest difference detected
-        with 80% power, whether the finding is decidable (half-width below the margin) and the seeds it needs."""
-        out = {}
-        for key, finding in self.findings.items():
-            sd = self.sd[key]
-            known = sd is not None
-            half = stats.expected_half_width(sd, seeds, self.level) if known else math.inf
-            needed = stats.seeds_needed(sd, finding.margin, self.level) if known else None
-            out[key] = {"sd": sd, "seeds": seeds, "half_width": half,
-                        "detectable": stats.detectable_difference(sd, seeds, self.level) if known else math.inf,
-                        "decidable": seeds >= MIN_PAIRS and half < finding.margin,
-                        "seeds_needed": None if needed is None else max(MIN_PAIRS, needed)}
-        return out
+        """Per finding, what ``seeds`` seeds can show (:func:`attn_lab.reporting.plan.plan`): the pilot's effect and
+        sd, the sd planned with, the chance of a verdict, whether it is in the confirmatory family, and the seeds
+        that would give it a chance of 0.8."""
+        return plan_lib.plan(self.findings, self.effect, self.sd, len(self.pilot_seeds), seeds, self.level)
 
     def powered_seeds(self, first: int = 100) -> list[int]:
-        """The seeds (``first``, ``first + 1``, ...) that make every finding with a pilot sd decidable: the most any
-        of them needs. For presets meant for an accelerator, where a vectorized seed costs almost nothing."""
-        needed = [p["seeds_needed"] for p in self.plan(MIN_PAIRS).values() if p["sd"] is not None]
+        """The seeds (``first``, ``first + 1``, ...) that give every finding with a pilot a chance of a verdict of
+        at least 0.8: the most any of them needs. For presets meant for an accelerator, where a vectorized seed
+        costs almost nothing."""
+        needed = [p["seeds_needed"] for p in self.plan(MIN_PAIRS).values() if p["chance"] is not None]
         if not needed or None in needed:
-            raise ValueError("Design.powered_seeds: every finding needs a pilot sd and a finite seed count")
+            raise ValueError("Design.powered_seeds: every finding needs a pilot effect and sd, and a seed count of at "
+                             f"most {plan_lib.MAX_SEEDS}")
         return list(range(first, first + max(needed)))
 
     def record(self) -> dict[str, Any]:
         """The design as JSON (what ``sweep.json`` keeps)."""
         return {"level": self.level, "pilot": self.pilot, "pilot_seeds": list(self.pilot_seeds),
-                "findings": {k: {**dataclasses.asdict(f), "sd": self.sd[k]} for k, f in self.findings.items()}}
+                "findings": {k: {**dataclasses.asdict(f), "sd": self.sd[k], "effect": self.effect.get(k),
+                                 "pilot_collapsed": self.pilot_collapsed.get(k, 0)}
+                             for k, f in self.findings.items()}}
 
 
 def oriented(finding: Finding, diff: Interval) -> Interval:
     """``diff`` turned to the paper's side for an up/down finding (a 'down' difference negated)."""
     if finding.direction != "down":
         return diff
-    return dataclasses.replace(diff, mean=-diff.mean, low=-diff.high, high=-diff.low)
+    edges = diff.edges
+    return dataclasses.replace(diff, mean=-diff.mean, low=-diff.high, high=-diff.low,
+                               values=tuple(-v for v in diff.values),
+                               edges=None if edges is None else (lambda lv: tuple(-e for e in edges(lv)[::-1])))
 
 
 def decide(finding: Finding, diff: Interval | None) -> str:
@@ -205,37 +233,63 @@ def claim_p(finding: Finding, diff: Interval, verdict: str) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Judged:
-    """One finding's row: the evidence, the plan it was judged under and the verdict after Holm."""
+    """One finding's row: the evidence, the plan it was judged under, the seeds that collapsed and the verdict."""
 
     key: str
     finding: Finding
     diff: Interval | None
     plan: dict[str, Any]
     verdict: str
-    p_holm: float | None  # None: not tested (undecidable, exploratory or without an interval)
+    p_holm: float | None  # None: not a confirmed claim (exploratory, or without an interval)
+    collapsed: tuple[int, ...] = ()
 
 
-def judge(design: Design, diffs: Mapping[str, Interval | None], seeds: int) -> list[Judged]:
-    """Every finding of ``design`` that ``diffs`` has, judged: undecidable ones by the plan at ``seeds`` seeds
-    (before looking), the others by the decision table and Holm over the confirmatory decidable ones."""
+def collapse_guard(finding: Finding, diff: Interval | None, verdict: str, collapsed: Sequence[int],
+                   pilot_collapsed: int) -> str:
+    """A 'same' / 'not worse' reproduction -- the claims a variant that sometimes fails to train breaks -- is
+    withheld when a run or pilot seed collapsed, and otherwise says what collapse rate its seeds exclude."""
+    if finding.direction not in ("same", "not_worse") or verdict != "reproduced" or diff is None:
+        return verdict
+    if collapsed or pilot_collapsed:
+        where = (f"{len(collapsed)} of {diff.pairs} seeds" if collapsed else "") + \
+                (" and " if collapsed and pilot_collapsed else "") + \
+                (f"{pilot_collapsed} pilot seed{'s' * (pilot_collapsed != 1)}" if pilot_collapsed else "")
+        return f"{WITHHELD}: {where} collapsed"
+    return (f"reproduced (no collapse in {diff.pairs} seeds: rate < "
+            f"{stats.collapse_rate_bound(diff.pairs, diff.level):.0%})")
+
+
+def judge(design: Design, diffs: Mapping[str, Interval | None], seeds: int,
+          diverged: Mapping[str, Sequence[int]] | None = None) -> list[Judged]:
+    """Every finding of ``design`` that ``diffs`` has, judged by the decision table; the plan at ``seeds`` seeds
+    (fixed before the run) says which are confirmatory, and Holm runs over those; ``diverged``: per finding, seeds
+    whose compared run has no finite value (they count as collapsed)."""
     plan = design.plan(seeds)
     keys = [k for k in design.findings if k in diffs]
-    raw = {k: decide(design.findings[k], diffs[k]) for k in keys}
-    family = [k for k in keys if plan[k]["decidable"] and not design.findings[k].exploratory]
-    adjusted = stats.holm({k: claim_p(design.findings[k], diffs[k], raw[k]) if diffs[k] is not None
-                           and raw[k] != "inconclusive" else 1.0 for k in family})
+    collapsed = {k: _collapsed(design.findings[k], diffs[k], plan[k], (diverged or {}).get(k, ())) for k in keys}
+    raw = {k: collapse_guard(design.findings[k], diffs[k], decide(design.findings[k], diffs[k]), collapsed[k],
+                             design.pilot_collapsed.get(k, 0)) for k in keys}
+    family = [k for k in keys if plan[k]["confirmatory"]]
+    adjusted = stats.holm({k: claim_p(design.findings[k], diffs[k], raw[k].split(" (")[0])
+                           if diffs[k] is not None else 1.0 for k in family})
     out = []
     for k in keys:
-        finding = design.findings[k]
-        if not plan[k]["decidable"]:
-            verdict, p = UNDECIDABLE, None
-        elif finding.exploratory:
-            verdict, p = f"{raw[k]} (exploratory)", None
-        else:
+        if k in family:
             p = adjusted[k]
             verdict = raw[k] if p < (1 - design.level) / 2 else "inconclusive"
-        out.append(Judged(k, finding, diffs[k], plan[k], verdict, p))
+        else:
+            verdict, p = f"{raw[k]} ({EXPLORATORY})", None
+        out.append(Judged(k, design.findings[k], diffs[k], plan[k], verdict, p, collapsed[k]))
     return out
+
+
+def _collapsed(finding: Finding, diff: Interval | None, plan: Mapping[str, Any], diverged: Sequence[int]) -> tuple:
+    """The seeds of ``diff`` that collapsed (:func:`attn_lab.reporting.stats.collapsed`, with the planned sd where
+    the plan has one) plus the ``diverged`` ones."""
+    found = []
+    if diff is not None and diff.values and diff.seeds:
+        found = stats.collapsed(dict(zip(diff.seeds, diff.values)), plan.get("sd_plan"), finding.margin)
+    return tuple(sorted(set(found) | set(diverged)))
 
 
 # --- pre-registration: what the sweep writes when it starts, and what the table compares it with ---------------
@@ -273,9 +327,10 @@ def registration_notes(design: Design | None, registered: Mapping[str, Any] | No
                      f" -> {file_sha256(experiment_path)[:12]}).")
     before = registered["design"]["findings"]
     now = design.record()["findings"] if design else {}
-    changed = sorted(k for k in set(before) | set(now)
-                     if {f: (before.get(k) or {}).get(f) for f in ("claim", "direction", "margin", "sd")}
-                     != {f: (now.get(k) or {}).get(f) for f in ("claim", "direction", "margin", "sd")})
+    fields = ("claim", "direction", "margin", "sd", "effect")
+    def registered_fields(record, key):
+        return {f: (record.get(key) or {}).get(f) for f in fields}
+    changed = sorted(k for k in set(before) | set(now) if registered_fields(before, k) != registered_fields(now, k))
     if changed:
         notes.append("margins changed after the run: the findings " + ", ".join(f"'{k}'" for k in changed) +
                      " differ from the ones registered when the sweep started; the table judges the registered ones.")
@@ -294,20 +349,26 @@ def registered_design(registered: Mapping[str, Any] | None, fallback: Design | N
     findings = {k: Finding(**{f: v[f] for f in ("claim", "paper", "direction", "margin", "exploratory")})
                 for k, v in rec["findings"].items()}
     return Design(findings, {k: v["sd"] for k, v in rec["findings"].items()}, rec.get("pilot", ""),
-                  tuple(rec.get("pilot_seeds", ())), rec.get("level", LEVEL))
+                  tuple(rec.get("pilot_seeds", ())), rec.get("level", LEVEL),
+                  effect={k: v.get("effect") for k, v in rec["findings"].items()},  # absent before effects: None
+                  pilot_collapsed={k: v.get("pilot_collapsed", 0) for k, v in rec["findings"].items()})
 
 
 # --- the table -------------------------------------------------------------------------------------------------
 
-VERDICT_HEADER = ("finding", "paper", "margin", f"ours: mean diff [{LEVEL:.0%} {INTERVAL} CI]",
-                  "sd: run (planned)", "Holm p", "verdict")
-RULE = (f"Interval: {INTERVAL} at {LEVEL:.0%} over seeds. Rule (attn_lab/reporting/verdicts.py): up/down -- the "
-        "interval above 0 and reaching the margin -> reproduced, above 0 but below the margin -> smaller than "
-        "published, below the margin and not above 0 -> not reproduced; same -- inside ± margin -> reproduced, "
-        "wholly outside -> not reproduced; not worse -- above -margin -> reproduced, wholly below -> not reproduced; "
-        f"otherwise inconclusive. A verdict stands if its claim's Holm-adjusted one-sided p < {ALPHA:g} over the "
-        "table's confirmatory decidable findings (the family); a finding whose expected half-width at the planned "
-        "seeds is not below its margin is undecidable at this budget, decided before the run.")
+VERDICT_HEADER = ("finding", "paper", "margin", f"ours: mean diff [{LEVEL:.0%} CI]", "sd: run (pilot)",
+                  "collapsed seeds", "Holm p", "verdict")
+RULE = (f"Interval: {INTERVAL} at {LEVEL:.0%} over seeds (the paired t alone below 4 seeds; Clopper-Pearson on "
+        "pooled per-example counts where every seed gives the same difference). Rule (attn_lab/reporting/"
+        "verdicts.py): up/down -- the interval above 0 and reaching the margin -> reproduced, above 0 but below the "
+        "margin -> smaller than published, below the margin and not above 0 -> not reproduced; same -- inside ± "
+        "margin -> reproduced, wholly outside -> not reproduced; not worse -- above -margin -> reproduced, wholly "
+        "below -> not reproduced; otherwise inconclusive. The family: the findings whose planned chance of a "
+        f"verdict (pilot effect, pilot sd's 80% upper limit) is >= {POWER:g}; a verdict there stands if its claim's "
+        f"Holm-adjusted one-sided p < {ALPHA:g}. Other findings are judged by the same table and marked "
+        "exploratory. Collapsed: a seed whose difference lies more than 4 planned sds (without a plan, 8 robust sds "
+        "of the other seeds) and 2 margins from the median; a 'same' / 'not worse' reproduction is withheld when a "
+        "run or pilot seed collapsed, and otherwise states the collapse rate its seeds exclude at 95%.")
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -318,42 +379,50 @@ def _p_text(p: float | None) -> str:
     return "–" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
+def _collapsed_text(j: Judged) -> str:
+    if j.diff is None:
+        return "–"
+    pairs = j.diff.pairs + len(set(j.collapsed) - set(j.diff.seeds))  # a diverged seed is no pair, still a seed
+    return f"{len(j.collapsed)} of {pairs}" + (f" ({', '.join(map(str, j.collapsed))})" if j.collapsed else "")
+
+
 def verdict_rows(judged: Sequence[Judged], digits: int = 3) -> list[list[str]]:
     rows = []
     for j in judged:
         ours = "–" if j.diff is None else f"{j.diff.text(digits)} ({j.diff.pairs} seeds)"
         sd = f"{_fmt(None if j.diff is None else j.diff.sd, digits)} ({_fmt(j.plan['sd'], digits)})"
-        rows.append([j.finding.claim, j.finding.paper, f"{j.finding.margin:g}", ours, sd,
+        rows.append([j.finding.claim, j.finding.paper, f"{j.finding.margin:g}", ours, sd, _collapsed_text(j),
                      _p_text(j.p_holm), j.verdict])
     return rows
 
 
 def plan_text(plan: Mapping[str, Any], margin: float) -> str:
-    """One finding's plan in words: ``±0.075 expected at 5 seeds vs margin 0.02 (needs 43 seeds)``."""
-    if plan["sd"] is None:
-        return f"no pilot sd, so what {plan['seeds']} seeds detect is unknown (margin {margin:g})"
+    """One finding's plan in words: ``pilot effect -0.159, sd 0.064 (planned 0.100): chance of a verdict 0.42 at
+    5 seeds (each claim at p < 0.0125); 0.8 at 9 seeds``."""
+    if plan["chance"] is None:
+        return f"no pilot effect and sd, so what {plan['seeds']} seeds decide is unknown (margin {margin:g})"
     need = plan["seeds_needed"]
-    return (f"±{_fmt(plan['half_width'])} expected at {plan['seeds']} seeds vs margin {margin:g}, detectable "
-            f"{_fmt(plan['detectable'])} (80% power); "
-            + (f"needs {need} seeds" if need is not None else "needs more than 10000 seeds"))
+    return (f"pilot effect {plan['effect']:+.3f}, sd {_fmt(plan['sd'])} (planned {_fmt(plan['sd_plan'])}): chance "
+            f"of a verdict {plan['chance']:.2f} at {plan['seeds']} seeds (claims at p < {plan['alpha']:.3g}); "
+            + (f"{POWER:g} at {need} seeds" if need is not None else f"below {POWER:g} even at "
+               f"{plan_lib.MAX_SEEDS} seeds"))
 
 
 def verdict_note(judged: Sequence[Judged], metric: str, notes: Sequence[str] = ()) -> str:
-    """The rule, the metric, the family, what the undecidable findings would need, and the registration notes."""
-    family = [j for j in judged if j.p_holm is not None]
+    """The rule, the metric, the family, the plan of every finding, and the registration notes."""
+    family = [j for j in judged if j.plan["confirmatory"]]
     text = (f"Differences in {metric} (compared row minus baseline, paired by seed). {RULE} Family: "
             f"{len(family)} finding{'s' * (len(family) != 1)}.")
-    undecidable = [j for j in judged if j.verdict.startswith(UNDECIDABLE)]  # a pilot's too: '... (pilot)'
-    if undecidable:
-        need = "; ".join(f"'{j.key}': {plan_text(j.plan, j.finding.margin)}" for j in undecidable)
-        text += f" Undecidable at this budget: {need}."
-    return " ".join([text, *notes])
+    plans = "; ".join(f"'{j.key}' ({'confirmatory' if j.plan['confirmatory'] else EXPLORATORY}): "
+                      f"{plan_text(j.plan, j.finding.margin)}" for j in judged)
+    return " ".join([f"{text} Plan: {plans}.", *notes])
 
 
 def verdict_table(design: Design | None, diffs: Mapping[str, Interval | None], metric: str, sweep_dir: str,
-                  exp: Any, title: str = "Verdicts"):
+                  exp: Any, title: str = "Verdicts", diverged: Mapping[str, Sequence[int]] | None = None):
     """The verdict table of ``diffs`` (finding key -> interval) under the design registered in ``sweep_dir``'s
-    sweep.json (or ``design`` when none was); None when no finding has a comparison."""
+    sweep.json (or ``design`` when none was); None when no finding has a comparison. ``diverged``: per finding,
+    the seeds whose compared run ended without a finite value."""
     from attn_lab.reporting.tables import Table, read_sweep_info
 
     info = read_sweep_info(sweep_dir)
@@ -363,7 +432,7 @@ def verdict_table(design: Design | None, diffs: Mapping[str, Interval | None], m
     if used is None or not any(k in diffs for k in used.findings):
         return None
     seeds = list((registered or {}).get("seeds") or getattr(exp, "seeds", []))
-    judged = judge(used, diffs, len(seeds))
+    judged = judge(used, diffs, len(seeds), diverged)
     path = ((info or {}).get("experiment") or "").rsplit(":", 1)[0]
     notes = (["Judged under the experiment file's current design (--design current), not the one registered when "
               "the sweep started: a reading of a finished run under revised findings, never a verdict."] if current
@@ -377,9 +446,44 @@ def verdict_table(design: Design | None, diffs: Mapping[str, Interval | None], m
 
 def by_seed(group: Sequence[Mapping], metric: str) -> dict[int, float]:
     """``{seed: value}`` of a variant's finished rows (a sweep's ``seed`` axis pairs rows across variants); a
-    non-finite value (a diverged run) is no pair: the table's seed count shows it."""
+    non-finite value (a diverged run) is no pair: :func:`compare` names it as collapsed."""
     return {int(r["seed"]): float(r[metric]) for r in group
             if r.get(metric) is not None and "seed" in r and math.isfinite(float(r[metric]))}
+
+
+def counts_by_seed(group: Sequence[Mapping], metric: str) -> dict[int, tuple[int, int]]:
+    """``{seed: (correct, total)}`` where the rows carry ``<metric>_count`` (the examples or positions a rate was
+    measured on: the trainer records it beside accuracy and exact match)."""
+    out = {}
+    for r in group:
+        total = r.get(f"{metric}_count")
+        if total and r.get(metric) is not None and "seed" in r:
+            out[int(r["seed"])] = (round(float(r[metric]) * float(total)), int(float(total)))
+    return out
+
+
+def compare(baseline: Sequence[Mapping], other: Sequence[Mapping], metric: str, sign: float = 1.0,
+            level: float = LEVEL, fixed: float | None = None) -> tuple[Interval | None, list[int]]:
+    """The verdict interval of ``other - baseline`` in ``metric`` (times ``sign``) over the seeds both finished,
+    and the seeds where ``other`` has no finite value while the baseline has one (diverged: collapsed). With no
+    spread across seeds and per-example counts on every row, the counts decide (Clopper-Pearson); ``fixed``: the
+    baseline is that constant (e.g. perfect recall, 1.0), not a run."""
+    def score(group):
+        return {s: sign * v for s, v in by_seed(group, metric).items()}
+    other_scores = score(other)
+    base = score(baseline) if fixed is None else {s: sign * fixed for s in {int(r["seed"]) for r in other}}
+    diverged = sorted(s for s in base if s not in other_scores and any(int(r.get("seed", -1)) == s for r in other))
+    diff = paired(base, other_scores, level)
+    if diff is None or diff.sd > 1e-12 * max(1.0, abs(diff.mean)) or sign != 1.0:
+        return diff, diverged
+    oc = counts_by_seed(other, metric)
+    bc = {s: None for s in diff.seeds} if fixed is not None else counts_by_seed(baseline, metric)
+    if not all(s in oc and s in bc for s in diff.seeds):
+        return dataclasses.replace(diff, low=-math.inf, high=math.inf,
+                                   method="none: no spread across seeds and no per-example counts"), diverged
+    pooled = lambda counts: tuple(sum(counts[s][i] for s in diff.seeds) for i in (0, 1))  # noqa: E731
+    return (stats.counts_interval(pooled(oc), fixed if fixed is not None else pooled(bc), np.array(diff.values),
+                                  level, diff.seeds), diverged)
 
 
 def variant_verdicts(groups: Mapping[str, Sequence[Mapping]], baseline: str, exp: Any, sweep_dir: str, metric: str,
@@ -390,7 +494,7 @@ def variant_verdicts(groups: Mapping[str, Sequence[Mapping]], baseline: str, exp
     design = getattr(exp, "design", None)
     if baseline not in groups or design is None:
         return None
-    score = lambda group: {s: sign * v for s, v in by_seed(group, metric).items()}  # noqa: E731
-    base = score(groups[baseline])  # a finding whose variant has no finished row stays in the family
-    diffs = {v: paired_t(base, score(groups[v]), design.level) if v in groups else None for v in design.findings}
-    return verdict_table(design, diffs, label, sweep_dir, exp)
+    compared = {v: compare(groups[baseline], groups[v], metric, sign, design.level) if v in groups else (None, [])
+                for v in design.findings}  # a finding whose variant has no finished row stays in the family
+    return verdict_table(design, {k: d for k, (d, _) in compared.items()}, label, sweep_dir, exp,
+                         diverged={k: s for k, (_, s) in compared.items()})

@@ -36,7 +36,7 @@ from attn_lab.cli import (
 from attn_lab.io import write_json_atomic
 from attn_lab.reporting.stats import INTERVAL
 from attn_lab.reporting.tables import read_json
-from attn_lab.reporting.verdicts import UNDECIDABLE, file_sha256, plan_text, registration
+from attn_lab.reporting.verdicts import EXPLORATORY, file_sha256, plan_text, registration
 from attn_lab.sweep.runner import check_trials, collect, format_table, override_flags, run_sweep, write_csv
 from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment
 from attn_lab.sweep.wandb_sweep import sweep_definition, trial_from_wandb, write_sweep_yaml
@@ -112,13 +112,13 @@ def design_text(exp: Experiment) -> str:
     if exp.design is None:
         return "design: none (this experiment declares no findings to judge)"
     d = exp.design
-    lines = [f"design: {len(exp.seeds)} seeds, {INTERVAL} interval at {d.level:.0%}; expected sds from: "
+    lines = [f"design: {len(exp.seeds)} seeds, {INTERVAL} interval at {d.level:.0%}; pilot effects and sds from: "
              f"{d.pilot or 'no pilot'} (pilot seeds {', '.join(map(str, d.pilot_seeds)) or 'none'})"]
     for key, plan in d.plan(len(exp.seeds)).items():
         finding = d.findings[key]
-        verdict = "decidable" if plan["decidable"] else UNDECIDABLE
-        lines.append(f"  {key}: {finding.direction}, {plan_text(plan, finding.margin)} -> {verdict}"
-                     + (" (exploratory)" if finding.exploratory else ""))
+        role = "confirmatory" if plan["confirmatory"] else EXPLORATORY
+        lines.append(f"  {key}: {finding.direction} (margin {finding.margin:g}), {plan_text(plan, finding.margin)}"
+                     f" -> {role}" + (" (formed on the pilot's seeds)" if finding.exploratory else ""))
     overlap = sorted(set(exp.seeds) & set(d.pilot_seeds))
     if overlap:
         lines.append(f"  seeds {', '.join(map(str, overlap))} are the pilot's: this run is a pilot, not a verdict run")

@@ -140,6 +140,11 @@ class Run:
             for result, seed_hyps in zip(results, hyps):
                 result.update(metrics_lib.translation_scores(seed_hyps[: len(refs)], refs,
                                                              self.config.eval.bleu_tokenize))
+        if split == "test":  # what each rate was measured on: a verdict at a floor or ceiling needs the counts
+            for i, result in enumerate(results):
+                result["accuracy_count"] = int(sums["weight"][i])
+                if "exact_match" in result:
+                    result["exact_match_count"] = len(refs)
         return results
 
     def head_stats(self) -> dict[str, list[float]]:

@@ -1,7 +1,8 @@
 """``--what=prune``: iterative head pruning (Michel et al. 2019): remove --prune-fraction of all heads per step in
-each --prune-orders order (importance, reverse, random, importance_raw), scoring --metric after every step;
-``--finetune-steps`` trains a derived run after each step (``analysis/finetune/<order>/step<k>``). Writes prune.json,
-prune.png (the curves) and one logged step per pruning step."""
+each --prune-orders order (importance, reverse, random, importance_raw), scoring --metric after every step; the
+random curve is the mean of --random-orders orders drawn from the run's seed. ``--finetune-steps`` trains a derived
+run after each step (``analysis/finetune/<order>/step<k>``). Writes prune.json, prune.png (the curves) and one
+logged step per pruning step."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ _FRACTION = flags.DEFINE_float("prune-fraction", 0.1, "prune: share of all heads
                                lower_bound=0.0, upper_bound=1.0)
 _ORDERS = list_flag(ChoicesListParser(lambda: pruning.ORDERS), "prune-orders", ",".join(DEFAULT_ORDERS),
                     f"prune: comma-separated orders to run, from {', '.join(pruning.ORDERS)}.")
+_RANDOM_ORDERS = flags.DEFINE_integer("random-orders", 5, "prune: random orders averaged into the random curve, each "
+                                      "drawn from the run's seed.", lower_bound=1)
 _FINETUNE_STEPS = flags.DEFINE_integer("finetune-steps", 0, "prune: train this many steps after each step.",
                                        lower_bound=0)
 flags.register_validator("prune-fraction", lambda v: v > 0, message="must be in (0, 1] (a share of all heads)")
@@ -43,11 +46,14 @@ def _finetune(ctx: AnalysisContext, order: str) -> Callable | None:
 @register_method("prune", order=30)
 def prune(ctx: AnalysisContext) -> None:
     """Iterative head pruning curves, one per --prune-orders order."""
+    seed = int(ctx.run.config.seed)  # each trial its own random orders
     curves = {order: pruning.pruning_curve(ctx.run.state, ctx.batches, ctx.shapes, ctx.score, ctx.importance_sums,
                                            order=order, fraction=_FRACTION.value, rescore=_RESCORE.value,
-                                           finetune=_finetune(ctx, order))
+                                           finetune=_finetune(ctx, order), seed=seed,
+                                           random_orders=_RANDOM_ORDERS.value)
               for order in _ORDERS.value}
-    ctx.write_json("prune", {"metric": ctx.flags.metric, "finetune_steps": _FINETUNE_STEPS.value, **curves})
+    ctx.write_json("prune", {"metric": ctx.flags.metric, "finetune_steps": _FINETUNE_STEPS.value,
+                             "random_seed": seed, "random_orders": _RANDOM_ORDERS.value, **curves})
     ctx.lines("prune", {o: ([p["percent"] for p in c], [p["score"] for p in c]) for o, c in curves.items()},
               xlabel="% of heads pruned", ylabel=ctx.flags.metric, title="iterative head pruning")
     for i, point in enumerate(next(iter(curves.values()))):  # one logged step per pruning step, all orders
