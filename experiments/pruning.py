@@ -18,7 +18,8 @@ import os
 
 import numpy as np
 
-from attn_lab.reporting.stats import paired_t
+from attn_lab.analysis import pruning as pruning_lib
+from attn_lab.reporting.stats import paired
 from attn_lab.reporting.tables import Table, analyses, grouped, mean_std, read_json, unfinished_table, variant_of
 from attn_lab.reporting.verdicts import Design, Finding, verdict_table
 
@@ -212,7 +213,7 @@ def _verdicts(curves: dict[int, dict], exp, sweep_dir: str) -> Table | None:
             percent = half if HALF_RANDOM is None else HALF_RANDOM
         if percent is None or not all(o in f for f in curves.values() for o in {"importance", order, base} - {"full"}):
             continue
-        diffs[key] = paired_t({s: _at(f, base, percent) for s, f in curves.items()},
+        diffs[key] = paired({s: _at(f, base, percent) for s, f in curves.items()},
                               {s: _at(f, order, percent) for s, f in curves.items()})
     metric = next(iter(curves.values())).get("metric", "accuracy")
     table = verdict_table(getattr(exp, "design", None), diffs, metric, sweep_dir, exp)
@@ -222,6 +223,28 @@ def _verdicts(curves: dict[int, dict], exp, sweep_dir: str) -> Table | None:
     return Table(table.title, table.header, table.rows, table.note + (
         f" Orders compared at {HALF_RANDOM if HALF_RANDOM is not None else half:.1f}% pruned ({fixed} half point); "
         f"in this run the mean random curve is nearest half the unpruned score at {half:.1f}%."))
+
+
+def _random_baseline(curves: dict[int, dict], ablate: dict[int, dict]) -> Table | None:
+    """The random order's first step (one head pruned) per seed: the mean of the run's random orders against the
+    exact expectation of removing one uniformly random head (the full score plus the mean single-head ablation
+    change), which has no sampling noise: how far the averaged random curve is from what it estimates."""
+    seeds = sorted(s for s in curves if s in ablate and "random" in curves[s] and len(curves[s]["random"]) > 1)
+    if not seeds:
+        return None
+    body = []
+    for s in seeds:
+        first = curves[s]["random"][1]
+        deltas = {k: v["delta"] for k, v in ablate[s]["single_head"].items()}
+        exact = pruning_lib.expected_one_head_removal(curves[s]["random"][0]["score"], deltas)
+        orders = first.get("scores", [first["score"]])
+        body.append([s, f"{first['percent']:.1f}%", f"{exact:.3f}", f"{first['score']:.3f}",
+                     f"{np.std(orders, ddof=1) if len(orders) > 1 else float('nan'):.3f} ({len(orders)})"])
+    return Table("Random pruning baseline: one head removed", ["seed", "pruned", "exact expectation",
+                                                               "mean of random orders", "sd over orders (orders)"],
+                 body, "Each seed prunes in its own random orders (drawn from its seed, prune --random-orders). The "
+                 "exact expectation averages the single-head ablations (ablate.json) over every head: what the "
+                 "random curve's first step estimates.")
 
 
 def _diagnosis(ablate: dict[int, dict]) -> Table | None:
@@ -255,6 +278,8 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     curves = analyses(sweep_dir, group, "prune")
     if curves:
         tables.append(_curves(curves, out_dir))
+        check = _random_baseline(_per_seed(sweep_dir, group, "prune"), _per_seed(sweep_dir, group, "ablate"))
+        tables += [check] if check else []
         judged = _verdicts(_per_seed(sweep_dir, group, "prune"), exp, sweep_dir)
         tables += [judged] if judged else []
     structural = analyses(sweep_dir, group, "structural")

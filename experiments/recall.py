@@ -30,9 +30,8 @@ import os
 
 import numpy as np
 
-from attn_lab.reporting.stats import paired_t
 from attn_lab.reporting.tables import Table, column, grouped, mean_std, unfinished_table
-from attn_lab.reporting.verdicts import Design, Finding, verdict_table
+from attn_lab.reporting.verdicts import Design, Finding, compare, verdict_table
 
 LENGTHS = [(64, 4), (128, 8), (256, 16)]  # (T, N): Zoology Figure 2's first three
 QUICK_LENGTHS = LENGTHS[:2]  # T=256 does not fit 30 CPU minutes (see get_experiment)
@@ -140,8 +139,8 @@ QUICK_EFFECT = {"attention solves": -0.003, "linear below attention": -0.681, "p
 VERDICT_SEEDS = [100, 101, 102]
 
 
-def _recall(groups: dict, kernel: str, t: int, width: int) -> dict[int, float]:
-    return {int(r["seed"]): float(r["test_accuracy"]) for r in groups.get(f"{kernel}/T{t}/d{width}", [])}
+def _rows(groups: dict, kernel: str, t: int, width: int) -> list[dict]:
+    return groups.get(f"{kernel}/T{t}/d{width}", [])
 
 
 def _lengths(exp) -> list[tuple[int, int]]:
@@ -149,23 +148,34 @@ def _lengths(exp) -> list[tuple[int, int]]:
     return sorted({(ov["task.seq_len"], ov["task.num_kv_pairs"]) for ov in exp.variants.values()})
 
 
-def _comparisons(groups: dict, width: int, lengths: list[tuple[int, int]]) -> dict:
-    """Each finding's paired interval at one width over the judged ``lengths`` (None where a row is missing)."""
+def _worst(dense: list[list[dict]]) -> list[dict]:
+    """Per seed, dense attention's row at its worst length (each carries its own per-example count)."""
+    by_seed: dict[int, dict] = {}
+    for rows in dense:
+        for r in rows:
+            seed = int(r["seed"])
+            if seed not in by_seed or r["test_accuracy"] < by_seed[seed]["test_accuracy"]:
+                by_seed[seed] = r
+    seeds = set.intersection(*({int(r["seed"]) for r in rows} for rows in dense)) if all(dense) else set()
+    return [by_seed[s] for s in sorted(seeds)]
+
+
+def _comparisons(groups: dict, width: int, lengths: list[tuple[int, int]]) -> tuple[dict, dict]:
+    """Each finding's verdict interval at one width over the judged ``lengths`` (None where a row is missing), and
+    per finding the seeds whose compared run diverged."""
     short, long = lengths[0][0], lengths[-1][0]
-    dense = [_recall(groups, "dense", t, width) for t, _ in lengths]
-    seeds = set.intersection(*(set(d) for d in dense)) if all(dense) else set()
-    worst = {s: min(d[s] for d in dense) for s in seeds}
 
-    def at(kernel: str, t: int) -> dict[int, float]:
-        return _recall(groups, kernel, t, width)
-
-    pairs = {"attention solves": ({s: 1.0 for s in worst}, worst),
-             "linear below attention": (at("dense", long), at("linear", long)),
+    def at(kernel: str, t: int) -> list[dict]:
+        return _rows(groups, kernel, t, width)
+    pairs = {"linear below attention": (at("dense", long), at("linear", long)),
              "performer below attention": (at("dense", long), at("performer", long)),
              "linear falls": (at("linear", short), at("linear", long)),
              "performer falls": (at("performer", short), at("performer", long)),
              "window grows": (at("local-8", long), at("local-32", long))}
-    return {k: paired_t(a, b) if a and b else None for k, (a, b) in pairs.items()}
+    found = {k: compare(a, b, "test_accuracy") if a and b else (None, []) for k, (a, b) in pairs.items()}
+    worst = _worst([at("dense", t) for t, _ in lengths])  # 'solves': dense's worst length against perfect recall
+    found = {"attention solves": compare([], worst, "test_accuracy", fixed=1.0) if worst else (None, []), **found}
+    return {k: d for k, (d, _) in found.items()}, {k: s for k, (_, s) in found.items()}
 
 
 def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
@@ -192,6 +202,6 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
                             ["kernel", *(f"T={t}, N={n}" for t, n in lengths), f"steps/s at T={lengths[-1][0]}"],
                             body, f"Published: {ZOOLOGY}. {BASED}."))
     judged_lengths = lengths[:JUDGED.get(exp.name, len(lengths))]
-    judged = verdict_table(getattr(exp, "design", None), _comparisons(groups, widths[0], judged_lengths),
-                           "test recall", sweep_dir, exp)
+    diffs, diverged = _comparisons(groups, widths[0], judged_lengths)
+    judged = verdict_table(getattr(exp, "design", None), diffs, "test recall", sweep_dir, exp, diverged=diverged)
     return tables + ([judged] if judged else []) + unfinished_table(rows)

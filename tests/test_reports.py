@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from attn_lab.reporting.tables import Table, mean_std
-from attn_lab.reporting.verdicts import UNDECIDABLE, Design
+from attn_lab.reporting.verdicts import EXPLORATORY, Design
 from attn_lab.sweep.spec import Experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,7 +42,8 @@ def _rows(variants, metric="test_bleu", base=0.5):
             rows.append({"variant": variant, "seed": seed, "trial": f"variant={variant},seed={seed}", "status": "ok",
                          metric: base + 0.1 * i + 0.01 * seed, "test_exact_match": 0.1 * i + 0.01 * seed,
                          "test_accuracy": base + 0.1 * i + 0.01 * seed, "test_loss": 1.0 + 0.1 * seed,
-                         "num_params": 1000 * (i + 1), "steps_per_sec": 10.0 / (i + 1)})
+                         "num_params": 1000 * (i + 1), "steps_per_sec": 10.0 / (i + 1),
+                         "test_exact_match_count": 1000, "test_accuracy_count": 1000})
     return rows
 
 
@@ -53,8 +54,9 @@ def _exp(variants, module=None, sd=0.001, seeds=(0, 1, 2)):
     design = None
     if module is not None:
         rows = [k for k in module.FINDINGS if k in variants] or None  # pruning's findings name orders, not rows
+        effect = {k: {"down": -0.1, "up": 0.1}.get(f.direction, 0.0) for k, f in module.FINDINGS.items()}
         design = Design.of(module.FINDINGS, dict.fromkeys(module.FINDINGS, sd), "test pilot", (90, 91, 92, 93, 94),
-                           rows)
+                           rows, effect)
     return Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
                       seeds=list(seeds), variants=variants, design=design)
 
@@ -80,20 +82,22 @@ def test_head_count_table_has_seed_spread_perplexity_and_vaswani(tmp_path):
     # is no loss ('costs little' is a non-inferiority finding)
     by_row = {row[0]: row for row in verdicts.rows}
     one_head = by_row["one head is worse than eight at fixed width (Table 3 A)"]
-    assert one_head[2:] == ["0.02", "-0.100 [-0.100, -0.100] (3 seeds)", "0.000 (0.001)", "<0.001", "reproduced"]
-    assert by_row["one shared key/value head costs little (Shazeer 2019)"][6] == "reproduced"
-    assert "paired t" in verdicts.header[3] and "Family: 2 findings" in verdicts.note
-    assert all(row[6] != UNDECIDABLE for row in verdicts.rows)
+    # no spread across seeds: decided from the pooled counts (30 vs 330 of 3,000 exact matches; Clopper-Pearson)
+    assert one_head[2:] == ["0.02", "-0.100 [-0.117, -0.083] (3 seeds)", "0.000 (0.001)", "0 of 3", "<0.001",
+                            "reproduced"]
+    assert by_row["one shared key/value head costs little (Shazeer 2019)"][-1].startswith("reproduced (no collapse")
+    assert "Clopper-Pearson" in verdicts.note and "Family: 2 findings" in verdicts.note
+    assert all("undecidable" not in row[-1] for row in verdicts.rows)
 
 
-def test_head_count_demo_sized_run_is_undecidable_before_it_runs(tmp_path):
+def test_head_count_demo_sized_run_is_exploratory_before_it_runs(tmp_path):
     variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64},
                 "A-h8": {"model.num_heads": 8, "model.head_dim": 8}}
     rows = [r for r in _rows(variants) if r["seed"] < 2]
     exp = _exp(variants, MODULES["head_count"], sd=0.06, seeds=(0, 1))
     _, verdicts = REPORTS["head_count"](rows, str(tmp_path), exp, str(tmp_path))
-    assert verdicts.rows[0][6] == UNDECIDABLE  # two seeds: decided by the plan, whatever the two seeds show
-    assert "Undecidable at this budget: 'A-h1'" in verdicts.note and "needs" in verdicts.note
+    assert verdicts.rows[0][-1] == f"inconclusive ({EXPLORATORY})"  # two seeds: outside the family by the plan
+    assert "'A-h1' (exploratory): pilot effect -0.100" in verdicts.note and "0.8 at" in verdicts.note
 
 
 def test_diversity_table_reads_similarity_and_prunable_heads(tmp_path):
@@ -111,7 +115,8 @@ def test_diversity_table_reads_similarity_and_prunable_heads(tmp_path):
     # exact match: 'output' is 0.1 above the baseline on every seed -> Li et al.'s gain, reproduced
     assert verdicts.rows == [["the output disagreement regularizer improves quality (Li et al. 2018)",
                               "en-de base 27.64 -> 28.51 BLEU (all three combined)", "0.02",
-                              "+0.100 [+0.100, +0.100] (3 seeds)", "0.000 (0.001)", "<0.001", "reproduced"]]
+                              "+0.100 [+0.083, +0.117] (3 seeds)", "0.000 (0.001)", "0 of 3", "<0.001",
+                              "reproduced"]]
     assert "| baseline | 0.510 ± 0.010 (3) |" in md and "0.800 ± 0.000 (3)" in md and "0.200" in md
     assert "25 ± 0 (3) | 98.50 ± 0.00 (3) |" in md and "27.64 -> 28.51" in md  # 25% within 1 BLEU; Li et al.
     assert "metric with 25.0% of heads pruned" in md
@@ -128,7 +133,8 @@ def test_variants_table_joins_benchmark_ratios_and_lra(tmp_path):
     assert "| local | 61.0 ± 1.0 (3) | 0.50x | 4.00x | – | – | 15.82 | 1.1x / 5.3x |" in md
     # local is 10 points above dense on every seed where LRA has it ~20 below: not reproduced
     assert verdicts.rows == [["local is below dense on ListOps (LRA)", "15.82 vs 36.37", "0.03",
-                              "+0.100 [+0.100, +0.100] (3 seeds)", "0.000 (0.001)", "<0.001", "not reproduced"]]
+                              "+0.100 [+0.059, +0.141] (3 seeds)", "0.000 (0.001)", "0 of 3", "<0.001",
+                              "not reproduced"]]
     assert "| dense |" in md and "36.37" in md
     assert "cuDNN" not in md  # a CPU benchmark (or one from before the cuDNN row) adds no column
 
@@ -184,7 +190,8 @@ def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_p
         curve = lambda at20, at30, s=s: [{"percent": 0.0, "score": 0.5 + 0.1 * s}, {"percent": 20.0, "score": at20},
                                          {"percent": 30.0, "score": at30}]
         (analysis / "prune.json").write_text(json.dumps({
-            "metric": "exact_match", "importance": curve(0.5 + 0.1 * s - 0.005, 0.45 + 0.1 * s),
+            "metric": "exact_match", "importance": curve(0.5 + 0.1 * s - 0.005 - 0.002 * (s == 1),
+                                                         0.45 + 0.1 * s + 0.002 * (s == 1)),
             "random": curve(0.4 + 0.1 * s, 0.3 + 0.1 * s)}))
         spearman = {"all": 0.2 + 0.1 * s, "encoder_self": 0.7, "decoder_self": 0.9, "cross": None}
         (analysis / "ablate.json").write_text(json.dumps({
@@ -197,8 +204,8 @@ def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_p
     # the mean random curve (0.6 unpruned, 0.5 at 20%, 0.4 at 30%) is nearest half the unpruned score at 30%
     assert "nearest half the unpruned score at 30.0%" in verdicts.note
     assert "compared at 30.0% pruned (the design's half point)" in verdicts.note
-    assert beats[3:] == ["+0.150 [+0.150, +0.150] (3 seeds)", "0.000 (0.001)", "<0.001", "reproduced"]
-    assert free[3:] == ["-0.005 [-0.005, -0.005] (3 seeds)", "0.000 (0.001)", "<0.001", "reproduced"]
+    assert beats[3].startswith("+0.151 [") and beats[5:] == ["0 of 3", "<0.001", "reproduced"]
+    assert free[3].startswith("-0.006 [") and free[-1].startswith("reproduced (no collapse in 3 seeds")
     diagnosis = experiment_pruning_diagnosis(tmp_path, rows)
     assert diagnosis.rows[0][:4] == ["raw", "0.30 ± 0.10 (3)", "0.70 ± 0.00 (3)", "0.90 ± 0.00 (3)"]
     assert diagnosis.rows[0][4] == "–" and "2 validation batches" in diagnosis.note  # no head moved cross: no rho
@@ -319,6 +326,10 @@ def test_make_tables_without_a_report_in_the_experiment_is_one_line(tmp_path):
                           "(experiments/*.py)\n"
 
 
+RECALL_EFFECT = {"attention solves": 0.0, "linear below attention": -0.5, "performer below attention": -0.5,
+                 "linear falls": -0.5, "performer falls": -0.5, "window grows": 0.4}
+
+
 def test_recall_report_judges_the_four_findings_from_paired_seeds(tmp_path):
     """Hand-built recall per kernel, length and seed: dense near 1.0 everywhere, linear and Performer falling by
     0.5 from T=64 to T=128, the 32-key window 0.4 above the 8-key one at T=128 -- every finding reproduced, with
@@ -334,20 +345,24 @@ def test_recall_report_judges_the_four_findings_from_paired_seeds(tmp_path):
         for seed in (0, 1, 2):
             rows.append({"variant": name, "seed": seed, "trial": f"variant={name},seed={seed}", "status": "ok",
                          "test_accuracy": value[kernel, int(t[1:])] - 0.01 * seed * (kernel != "dense"),
+                         "test_accuracy_count": 300,
                          "test_loss": 0.1, "steps_per_sec": 5.0})
     exp = Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
                      seeds=[100, 101, 102], variants=variants,
-                     design=Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2)))
+                     design=Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2),
+                                      effect=RECALL_EFFECT))
     table, verdicts = recall.report(rows, str(tmp_path), exp, str(tmp_path))[:2]
     assert table.header[1:3] == ["T=64, N=4", "T=128, N=8"] and (tmp_path / "recall_d64.png").exists()
     assert ["linear", "0.790 ± 0.010 (3)", "0.290 ± 0.010 (3)", "5.0"] in table.rows
     by_row = {row[0]: row for row in verdicts.rows}
     solves = by_row[recall.FINDINGS["attention solves"].claim]  # worst length (T=128) minus perfect recall
-    assert solves[3].startswith("-0.020 [-0.020, -0.020]") and solves[6] == "reproduced"
+    # dense at 0.98 on every seed: no spread, so its 882 of 900 queries decide (Clopper-Pearson against 1.0)
+    assert solves[3].startswith("-0.020 [-0.031, -0.012]") and solves[-1].startswith("reproduced (no collapse")
     assert by_row[recall.FINDINGS["linear falls"].claim][3].startswith("-0.500") and \
         by_row[recall.FINDINGS["window grows"].claim][3].startswith("+0.400")
-    assert all(row[6] == "reproduced" for row in verdicts.rows) and len(verdicts.rows) == 6
-    design = Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2), recall.QUICK_FINDINGS)
+    assert all(row[-1].startswith("reproduced") for row in verdicts.rows) and len(verdicts.rows) == 6
+    design = Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2), recall.QUICK_FINDINGS,
+                       RECALL_EFFECT)
     quick = dataclasses.replace(exp, name="recall_quick", design=design)
     by_row = {row[0]: row for row in recall.report(rows, str(tmp_path), quick, str(tmp_path))[1].rows}
     assert len(by_row) == 4  # quick judges T=64 only: the shortest length is also the longest judged
@@ -361,18 +376,19 @@ def test_head_count_lm_report_judges_minus_the_test_loss(tmp_path):
     hc = MODULES["head_count"]
     variants = {k: v for k, v in hc.get_experiment("lm")["variants"].items() if k in ("A-h1", "A-h8", "MQA-h8")}
     rows = [{"variant": v, "seed": s, "trial": f"variant={v},seed={s}", "status": "ok", "num_params": 1000,
-             "test_loss": 5.0 + (0.1 if v == "A-h1" else 0.0) + 0.01 * s, "steps_per_sec": 5.0}
+             "test_loss": 5.0 + (0.1 + 0.002 * (s == 1) if v == "A-h1" else 0.0) + 0.01 * s, "steps_per_sec": 5.0}
             for v in variants for s in (0, 1, 2)]
     exp = Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
                      seeds=[100, 101, 102], variants=variants,
-                     design=Design.of(hc.FINDINGS_LM, dict.fromkeys(hc.FINDINGS_LM, 0.001), "test", (0, 1, 2),
-                                      list(variants)))
+                     design=Design.of(hc.FINDINGS_LM, dict.fromkeys(hc.FINDINGS_LM, 0.001), "test", (0, 1, 2, 3, 4),
+                                      list(variants), {"A-h1": -0.1, "MQA-h8": 0.0}))
     table, verdicts = REPORTS["head_count"](rows, str(tmp_path), exp, str(tmp_path))
-    assert f"{np.mean([math.exp(5.1), math.exp(5.11), math.exp(5.12)]):.3f}" in table.markdown()
+    assert f"{np.mean([math.exp(5.1), math.exp(5.112), math.exp(5.12)]):.3f}" in table.markdown()
     by_row = {row[0]: row for row in verdicts.rows}
     one_head = by_row[hc.FINDINGS_LM["A-h1"].claim]
-    assert one_head[3].startswith("-0.100 [-0.100, -0.100]") and one_head[6] == "reproduced"
-    assert by_row[hc.FINDINGS_LM["MQA-h8"].claim][6] == "reproduced" and "minus the test loss" in verdicts.note
+    assert one_head[3].startswith("-0.101 [") and one_head[-1] == "reproduced"
+    # MQA equals A-h8 on every seed in a loss (no counts): no spread, nothing claimed
+    assert by_row[hc.FINDINGS_LM["MQA-h8"].claim][-1] == "inconclusive" and "minus the test loss" in verdicts.note
 
 
 def test_counted_axes_get_whole_number_ticks_and_error_bars_say_what_they_are(tmp_path, monkeypatch):

@@ -293,8 +293,9 @@ QUICK = ["head_count", "pruning", "diversity", "dynamic", "variants"]
 
 @pytest.mark.slow
 def test_every_quick_preset_declares_a_design_on_seeds_its_pilot_did_not_use_and_dry_run_prints_its_power():
-    """Pre-registration: each verdict preset names its findings, margins and pilot sds, its seeds are disjoint
-    from the pilot's, and --dry-run says per finding what the preset can detect, before anything runs."""
+    """Pre-registration: each verdict preset names its findings, margins and what its pilot measured, its seeds are
+    disjoint from the pilot's, and --dry-run says per finding its chance of a verdict and whether it is in the
+    confirmatory family, before anything runs."""
     for name in QUICK:
         path = os.path.join(ROOT, "experiments", f"{name}.py:quick")
         exp = load_experiment(path)
@@ -304,11 +305,12 @@ def test_every_quick_preset_declares_a_design_on_seeds_its_pilot_did_not_use_and
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         design = proc.stdout[proc.stdout.index("design:"):].splitlines()
-        assert f"design: {len(exp.seeds)} seeds, paired t interval at 95%" in design[0], name
+        assert f"design: {len(exp.seeds)} seeds, t + bootstrap-t hull interval at 95%" in design[0], name
+        plan = exp.design.plan(len(exp.seeds))
         for key in exp.design.findings:
             line = next(line for line in design if line.startswith(f"  {key}: "))
-            assert ("detectable" in line or "no pilot sd" in line) and line.endswith(
-                ("-> decidable", "-> undecidable at this budget")), line
+            assert ("chance of a verdict" in line or "no pilot effect" in line), line
+            assert line.endswith("-> confirmatory" if plan[key]["confirmatory"] else "-> exploratory"), line
         assert not os.path.exists("unused")  # a dry run writes nothing
 
 

@@ -1,5 +1,6 @@
-"""The verdict rule cell by cell, its tests against the interval, Holm over a table, and the design a preset
-registers before it runs (undecidable findings, margins changed after the run, pilot runs)."""
+"""The verdict rule cell by cell, its tests against the interval, Holm over a table, the design a preset registers
+before it runs (the planned family, exploratory rows, margins changed after the run, pilot runs), collapsed seeds and
+zero-spread differences."""
 
 import dataclasses
 import json
@@ -12,7 +13,8 @@ from attn_lab.reporting import stats
 from attn_lab.reporting.stats import Interval
 from attn_lab.reporting.verdicts import (
     ALPHA,
-    UNDECIDABLE,
+    EXPLORATORY,
+    WITHHELD,
     Design,
     Finding,
     by_seed,
@@ -85,46 +87,62 @@ def test_each_verdict_is_exactly_its_claims_one_sided_test(finding):
         assert (p < ALPHA) == (verdict != "inconclusive"), (verdict, p, d)
 
 
-def _design(sd=0.01, **findings):
+def _design(sd=0.01, effect=0.1, **findings):
+    """A design whose pilot (seeds 0-4) saw ``effect`` with ``sd``: the default is confirmatory at 3-5 seeds."""
     findings = findings or {"a": UP}
-    return Design(findings, {k: sd for k in findings}, "pilot", (0, 1, 2))
+    return Design(findings, {k: sd for k in findings}, "pilot", (0, 1, 2, 3, 4),
+                  effect={k: effect * (-1 if f.direction == "down" else 1) for k, f in findings.items()})
 
 
-def test_plan_marks_findings_the_seeds_cannot_decide_before_the_run():
-    design = Design({"big": UP, "small": SAME, "none": NOT_WORSE}, {"big": 0.005, "small": 0.06, "none": None})
+def test_plan_uses_the_pilots_effect_and_a_pessimistic_sd():
+    design = Design({"big": UP, "small": SAME, "none": NOT_WORSE}, {"big": 0.05, "small": 0.06, "none": None},
+                    "pilot", (0, 1, 2, 3, 4), effect={"big": 0.4, "small": 0.01})
     plan = design.plan(5)
-    assert plan["big"]["decidable"] and plan["big"]["half_width"] == pytest.approx(
-        stats.expected_half_width(0.005, 5))
-    assert not plan["small"]["decidable"] and plan["small"]["seeds_needed"] == stats.seeds_needed(0.06, M)
-    assert not plan["none"]["decidable"] and plan["none"]["seeds_needed"] is None  # no pilot: nothing known
-    assert not design.plan(2)["big"]["decidable"]  # below MIN_PAIRS
+    assert plan["big"]["confirmatory"] and plan["big"]["chance"] >= 0.8  # 8 sds from zero: decided at 5 seeds
+    assert plan["big"]["sd_plan"] == pytest.approx(stats.sd_upper(0.05, 5))
+    assert not plan["small"]["confirmatory"] and plan["small"]["chance"] < 0.2  # noise 3x the margin
+    assert plan["none"]["chance"] is None and not plan["none"]["confirmatory"]  # no pilot: exploratory
+    assert not design.plan(2)["big"]["confirmatory"]  # below MIN_PAIRS
 
 
-def test_powered_seeds_make_every_finding_decidable():
-    design = Design({"a": UP, "b": SAME}, {"a": 0.01, "b": 0.05})
+def test_powered_seeds_give_every_finding_its_chance():
+    design = Design({"a": UP, "b": SAME}, {"a": 0.01, "b": 0.02}, "pilot", (0, 1, 2, 3, 4),
+                    effect={"a": 0.03, "b": 0.0})
     seeds = design.powered_seeds(first=100)
-    assert seeds[0] == 100 and len(seeds) == stats.seeds_needed(0.05, M)
-    assert all(p["decidable"] for p in design.plan(len(seeds)).values())
-    with pytest.raises(ValueError, match="needs a pilot sd"):
+    assert seeds[0] == 100 and len(seeds) == max(p["seeds_needed"] for p in design.plan(3).values())
+    assert all(p["chance"] >= 0.8 for p in design.plan(len(seeds)).values())
+    with pytest.raises(ValueError, match="needs a pilot effect and sd"):
         Design({"a": UP}, {"a": None}).powered_seeds()
 
 
-def test_judge_undecidable_whatever_the_data_and_holm_over_the_decidable_family():
+def test_judge_holm_over_the_planned_family_and_exploratory_rows_for_the_rest():
     findings = {"a": UP, "b": UP, "c": UP, "u": SAME}
-    design = Design(findings, {"a": 0.004, "b": 0.004, "c": 0.004, "u": 0.5})
+    design = Design(findings, {"a": 0.004, "b": 0.004, "c": 0.004, "u": 0.5}, "pilot", (0, 1, 2, 3, 4),
+                    effect={"a": 0.05, "b": 0.05, "c": 0.05, "u": 0.0})
     rng = np.random.default_rng(1)
     # a: a clear gain; b: a gain with one-sided p 0.015 (< 0.025 alone; Holm's second step needs < 0.025 / 2);
     # c: straddles zero and the margin (inconclusive: it claims nothing, p = 1, but counts in the family)
     diffs = {"a": stats.t_interval(0.05 + 0.004 * rng.standard_normal(5)), "b": _interval_with_p(0.015),
              "c": Interval(0.01, -0.015, 0.035, 5, 0.02),
-             "u": stats.t_interval(np.array([0.001, -0.001, 0.0, 0.0005, -0.0005]))}  # would pass alone
+             "u": stats.t_interval(np.array([0.001, -0.001, 0.0, 0.0005, -0.0005]))}  # noise far above: exploratory
     assert decide(UP, diffs["b"]) == "reproduced"  # unadjusted it would stand
-    got = {j.key: j for j in judge(design, diffs, seeds=5)}
-    assert got["u"].verdict == UNDECIDABLE and got["u"].p_holm is None  # decided before looking at the data
+    # planned at 7 seeds (at 5 the hull's bootstrap-t tails are too coarse for three claims at 0.025 / 3 each)
+    assert all(p["confirmatory"] for k, p in design.plan(7).items() if k != "u")
+    got = {j.key: j for j in judge(design, diffs, seeds=7)}
+    assert got["u"].verdict == f"reproduced (no collapse in 5 seeds: rate < 45%) ({EXPLORATORY})"  # shown,
+    assert got["u"].p_holm is None  # never claimed
     assert got["a"].verdict == "reproduced"
     assert got["c"].verdict == "inconclusive" and got["c"].p_holm == 1.0
     assert got["b"].verdict == "inconclusive" and got["b"].p_holm == pytest.approx(0.03, rel=1e-3)  # 2 x 0.015
     assert got["a"].p_holm == pytest.approx(3 * claim_p(UP, diffs["a"], "reproduced"))
+
+
+def test_no_row_is_ever_withheld_as_undecidable():
+    """Whatever the plan says, a decisive interval prints its verdict: confirmatory or exploratory."""
+    design = Design({"a": DOWN}, {"a": None}, "pilot", (0, 1, 2))
+    d = stats.interval(np.array([-0.71, -0.69, -0.74, -0.70, -0.72]))
+    (j,) = judge(design, {"a": d}, seeds=5)
+    assert j.verdict == f"reproduced ({EXPLORATORY})" and "undecidable" not in j.verdict
 
 
 def _interval_with_p(p: float, n: int = 5, sd: float = 0.01) -> Interval:
@@ -136,7 +154,8 @@ def _interval_with_p(p: float, n: int = 5, sd: float = 0.01) -> Interval:
 
 
 def test_exploratory_findings_are_shown_but_never_in_the_family():
-    design = Design({"a": UP, "x": dataclasses.replace(UP, exploratory=True)}, {"a": 0.004, "x": 0.004})
+    design = Design({"a": UP, "x": dataclasses.replace(UP, exploratory=True)}, {"a": 0.004, "x": 0.004}, "pilot",
+                    (0, 1, 2, 3, 4), effect={"a": 0.05, "x": 0.05})
     d = _interval_with_p(0.015)
     got = {j.key: j for j in judge(design, {"a": d, "x": d}, seeds=5)}
     assert got["x"].verdict == "reproduced (exploratory)" and got["x"].p_holm is None
@@ -149,7 +168,7 @@ def test_rows_show_the_interval_its_sd_against_the_plan_and_holm_p():
     (row,) = verdict_rows(judge(design, {"a": d}, seeds=5))
     assert row[:3] == ["c", "p", "0.02"]
     assert row[3] == f"{d.text()} (5 seeds)"
-    assert row[4] == f"{d.sd:.3f} (0.010)" and row[6] == "reproduced"
+    assert row[4] == f"{d.sd:.3f} (0.010)" and row[5] == "0 of 5" and row[7] == "reproduced"
 
 
 def test_registration_round_trip_and_margins_changed_after_the_run(tmp_path):
@@ -204,7 +223,7 @@ def test_design_of_picks_rows_and_marks_presets_without_a_pilot():
     assert list(design.findings) == ["a"] and design.sd == {"a": 0.01} and design.pilot_seeds == (0, 1)
     bare = Design.of(findings, None, "pilot cmd", (0, 1))
     assert bare.sd == {"a": None, "b": None} and bare.pilot == "no pilot at this preset"
-    assert not any(p["decidable"] for p in bare.plan(5).values())
+    assert not any(p["confirmatory"] for p in bare.plan(5).values())
 
 
 def test_bools_are_no_margins_or_sds_and_a_misspelled_sd_key_stops():
@@ -225,29 +244,29 @@ def test_a_finding_without_finished_trials_stays_in_the_family_and_diverged_seed
     from attn_lab.reporting.verdicts import variant_verdicts
 
     findings = {"a": dataclasses.replace(UP, claim="a"), "b": dataclasses.replace(UP, claim="b")}
-    design = Design(findings, {"a": 0.001, "b": 0.001}, "pilot", (0,))
+    design = Design(findings, {"a": 0.001, "b": 0.001}, "pilot", (0, 10, 11), effect={"a": 0.1, "b": 0.1})
     exp = SimpleNamespace(design=design, seeds=[1, 2, 3, 4, 5])
-    rows = lambda shift: [{"seed": s, "m": 0.5 + shift + 0.001 * s} for s in exp.seeds]  # noqa: E731
+    rows = lambda shift: [{"seed": s, "m": 0.5 + shift + 0.001 * s * (s % 2) * (shift > 0)} for s in exp.seeds]  # noqa
     both = variant_verdicts({"base": rows(0), "a": rows(0.1), "b": rows(0.1)}, "base", exp, str(tmp_path), "m", "m")
     one = variant_verdicts({"base": rows(0), "a": rows(0.1)}, "base", exp, str(tmp_path), "m", "m")
     by_claim = lambda table: {r[0]: r for r in table.rows}  # noqa: E731
     assert "Family: 2 findings" in both.note and "Family: 2 findings" in one.note
-    assert by_claim(one)["b"][3] == "–" and by_claim(one)["b"][6] == "inconclusive"
-    assert by_claim(one)["a"][6] == "reproduced"
+    assert by_claim(one)["b"][3] == "–" and by_claim(one)["b"][-1] == "inconclusive"
+    assert by_claim(one)["a"][-1] == "reproduced"
     assert by_seed([{"seed": 1, "m": float("nan")}, {"seed": 2, "m": 0.5}, {"seed": 3, "m": None}], "m") == {2: 0.5}
 
 
-def test_a_pilot_table_still_says_what_its_undecidable_findings_would_need(tmp_path):
+def test_a_pilot_table_says_what_its_findings_would_need(tmp_path):
     from types import SimpleNamespace
 
     from attn_lab.reporting.verdicts import variant_verdicts
 
     design = Design({"a": dataclasses.replace(UP, claim="a")}, {"a": None}, "pilot", (1, 2, 3))
     exp = SimpleNamespace(design=design, seeds=[1, 2, 3])
-    rows = lambda shift: [{"seed": s, "m": 0.5 + shift + 0.01 * s} for s in exp.seeds]  # noqa: E731
+    rows = lambda shift: [{"seed": s, "m": 0.5 + shift + 0.01 * s * (shift > 0) * s} for s in exp.seeds]  # noqa
     table = variant_verdicts({"base": rows(0), "a": rows(0.1)}, "base", exp, str(tmp_path), "m", "m")
-    assert table.rows[0][6] == f"{UNDECIDABLE} (pilot)"
-    assert "Undecidable at this budget: 'a': no pilot sd" in table.note
+    assert table.rows[0][-1] == f"reproduced ({EXPLORATORY}) (pilot)"  # shown, labelled twice
+    assert "'a' (exploratory): no pilot effect and sd" in table.note
 
 
 def test_the_designs_level_sets_the_interval_and_the_holm_threshold(tmp_path):
@@ -266,11 +285,13 @@ def test_the_designs_level_sets_the_interval_and_the_holm_threshold(tmp_path):
     finding = {"a": dataclasses.replace(UP, claim="a", margin=0.01)}
     tables = {}
     for level in (0.95, 0.8):
-        exp = SimpleNamespace(design=Design(finding, {"a": 0.001}, "pilot", (0,), level=level), seeds=seeds)
+        exp = SimpleNamespace(design=Design(finding, {"a": 0.001}, "pilot", (0, 10, 11), level=level,
+                                            effect={"a": 0.05}), seeds=seeds)
         tables[level] = variant_verdicts(groups, "base", exp, str(tmp_path), "m", "m").rows[0]
     half = sp.t.ppf(0.9, 4) * diff.std(ddof=1) / math.sqrt(5)
-    assert tables[0.8][3] == f"{diff.mean():+.3f} [{diff.mean() - half:+.3f}, {diff.mean() + half:+.3f}] (5 seeds)"
-    assert tables[0.95][6] == "inconclusive" and tables[0.8][6] == "reproduced"
+    assert stats.interval(diff, 0.8).low == pytest.approx(diff.mean() - half)  # the t's edge is the hull's here
+    assert tables[0.8][3] == f"{stats.interval(diff, 0.8).text()} (5 seeds)"
+    assert tables[0.95][-1] == "inconclusive" and tables[0.8][-1] == "reproduced"
 
 
 def test_tables_judge_the_registered_design_unless_asked_for_the_current_one(tmp_path):
@@ -286,8 +307,43 @@ def test_tables_judge_the_registered_design_unless_asked_for_the_current_one(tmp
     current = _design(0.001, z=DOWN)
     diffs = {"a": Interval(0.04, 0.03, 0.05, 3, sd=0.004), "z": Interval(-0.04, -0.05, -0.03, 3, sd=0.004)}
     old = verdict_table(current, diffs, "m", str(tmp_path), types.SimpleNamespace(seeds=[10, 11, 12]))
-    assert [row[6] for row in old.rows] == ["reproduced"] and "Registered when the sweep started" in old.note
+    assert [row[-1] for row in old.rows] == ["reproduced"] and "Registered when the sweep started" in old.note
     new = verdict_table(current, diffs, "m", str(tmp_path),
                         types.SimpleNamespace(seeds=[10, 11, 12], judge="current"))
-    assert [row[6] for row in new.rows] == ["reproduced (current design)"]
+    assert [row[-1] for row in new.rows] == ["reproduced (current design)"]
     assert "current design (--design current)" in new.note and "never a verdict" in new.note
+
+
+def test_collapsed_seeds_withhold_same_and_not_worse_reproductions():
+    """A 'not worse' reproduction says what collapse rate its seeds exclude; it is withheld when a run seed or a
+    pilot seed collapsed; an 'up' finding's verdict is not what a collapse breaks, so it stands (seeds named)."""
+    d = stats.interval(np.array([0.001, -0.002, 0.0, 0.002, 0.001]), seeds=(1, 2, 3, 4, 5))
+    assert decide(NOT_WORSE, d) == "reproduced"
+    design = Design({"a": NOT_WORSE}, {"a": 0.003}, "pilot", (0, 10, 11, 12, 13), effect={"a": 0.0})
+    (j,) = judge(design, {"a": d}, seeds=5)
+    assert j.verdict == "reproduced (no collapse in 5 seeds: rate < 45%)" and j.collapsed == ()
+    bad = dataclasses.replace(design, pilot_collapsed={"a": 1})
+    assert judge(bad, {"a": d}, seeds=5)[0].verdict == f"{WITHHELD}: 1 pilot seed collapsed"
+    (j,) = judge(design, {"a": d}, seeds=5, diverged={"a": [6]})  # a sixth seed's run diverged: no pair, collapsed
+    assert j.verdict == f"{WITHHELD}: 1 of 5 seeds collapsed" and j.collapsed == (6,)
+    assert verdict_rows([j])[0][5] == "1 of 6 (6)"
+    fell = stats.interval(np.array([0.30, 0.31, 0.29, 0.30, -0.40]), seeds=(1, 2, 3, 4, 5))
+    (j,) = judge(Design({"a": UP}, {"a": 0.01}, "pilot", (0, 10, 11, 12, 13), effect={"a": 0.3}), {"a": fell}, 5)
+    assert j.collapsed == (5,) and not j.verdict.startswith(WITHHELD)
+
+
+def test_a_difference_without_spread_is_decided_by_its_counts(tmp_path):
+    """Every seed at the ceiling in both rows: no t can be formed from seeds; the pooled per-example counts
+    (Clopper-Pearson) decide, or without counts nothing is claimed (p = 0 from seeds alone never)."""
+    from attn_lab.reporting.verdicts import compare
+
+    rows = [{"seed": s, "m": 1.0, "m_count": 400} for s in (1, 2, 3)]
+    diff, diverged = compare(rows, rows, "m")
+    assert diff.method.startswith("Clopper-Pearson") and diverged == []
+    assert decide(SAME, diff) == "reproduced" and diff.low > -0.02 and diff.high < 0.02  # 1,200 of 1,200 each
+    assert claim_p(SAME, diff, "reproduced") < ALPHA
+    bare = [{k: v for k, v in r.items() if k != "m_count"} for r in rows]
+    diff, _ = compare(bare, bare, "m")
+    assert math.isinf(diff.low) and decide(SAME, diff) == "inconclusive"
+    recall, _ = compare([], [{"seed": s, "m": 1.0, "m_count": 300} for s in (1, 2, 3)], "m", fixed=1.0)
+    assert decide(NOT_WORSE, recall) == "reproduced" and recall.high == 0.0  # perfect recall vs a fixed 1.0

@@ -246,10 +246,10 @@ def p_values_above(data: np.ndarray, x: np.ndarray | float, boot: Studentized | 
 
 
 def p_above(diff: Interval, threshold: float) -> float:
-    """One-sided p-value of ``H0: mean <= threshold`` (small when the data say the mean is above it): from the
-    differences when the interval has them, from its ``edges`` function when it has one (a counts interval), else
-    the t-test's from its mean and sd."""
-    if diff.values:
+    """One-sided p-value of ``H0: mean <= threshold`` (small when the data say the mean is above it), the test its
+    own lower edge makes: the hull's from its differences, a counts interval's from its ``edges`` function, else
+    (a paired t-interval) the t-test's from its mean and sd."""
+    if diff.values and diff.method == INTERVAL:
         return float(p_values_above(np.array([diff.values]), threshold)[0])
     if diff.edges is not None:
         return _p_by_level(lambda a: diff.edges(1 - 2 * a)[0] > threshold)
@@ -258,7 +258,7 @@ def p_above(diff: Interval, threshold: float) -> float:
 
 def p_below(diff: Interval, threshold: float) -> float:
     """One-sided p-value of ``H0: mean >= threshold``."""
-    if diff.values:
+    if diff.values and diff.method == INTERVAL:
         return float(p_values_above(-np.array([diff.values]), -threshold)[0])
     if diff.edges is not None:
         return _p_by_level(lambda a: diff.edges(1 - 2 * a)[1] < threshold)

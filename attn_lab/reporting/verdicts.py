@@ -147,6 +147,9 @@ class Design:
                                  "collapsed pilot seeds (an int >= 0)")
         if not (isinstance(self.level, float) and 0.5 < self.level < 1):
             raise ValueError(f"Design: level={self.level!r}; allowed: a float in (0.5, 1), e.g. 0.95")
+        # one value per finding, so a design and its sweep.json record compare equal
+        object.__setattr__(self, "effect", {k: self.effect.get(k) for k in self.findings})
+        object.__setattr__(self, "pilot_collapsed", {k: self.pilot_collapsed.get(k, 0) for k in self.findings})
 
     @classmethod
     def of(cls, findings: Mapping[str, Finding], sd: Mapping[str, float | None] | None, pilot: str,
@@ -276,7 +279,7 @@ def judge(design: Design, diffs: Mapping[str, Interval | None], seeds: int,
     for k in keys:
         if k in family:
             p = adjusted[k]
-            verdict = raw[k] if p < (1 - design.level) / 2 else "inconclusive"
+            verdict = raw[k] if p < (1 - design.level) / 2 or raw[k].startswith(WITHHELD) else "inconclusive"
         else:
             verdict, p = f"{raw[k]} ({EXPLORATORY})", None
         out.append(Judged(k, design.findings[k], diffs[k], plan[k], verdict, p, collapsed[k]))
@@ -474,9 +477,9 @@ def compare(baseline: Sequence[Mapping], other: Sequence[Mapping], metric: str, 
     base = score(baseline) if fixed is None else {s: sign * fixed for s in {int(r["seed"]) for r in other}}
     diverged = sorted(s for s in base if s not in other_scores and any(int(r.get("seed", -1)) == s for r in other))
     diff = paired(base, other_scores, level)
-    if diff is None or diff.sd > 1e-12 * max(1.0, abs(diff.mean)) or sign != 1.0:
+    if diff is None or diff.sd > 1e-12 * max(1.0, abs(diff.mean)):
         return diff, diverged
-    oc = counts_by_seed(other, metric)
+    oc = counts_by_seed(other, metric) if sign == 1.0 else {}  # counts belong to a rate, not to a loss
     bc = {s: None for s in diff.seeds} if fixed is not None else counts_by_seed(baseline, metric)
     if not all(s in oc and s in bc for s in diff.seeds):
         return dataclasses.replace(diff, low=-math.inf, high=math.inf,
