@@ -39,7 +39,7 @@ def get_experiment(preset: str = "quick") -> dict:
         return {"name": "pruning_quick", "config": "configs/numbers.py:quick",
                 "overrides": {"train.num_steps": 200, "train.eval_every": 200, "train.checkpoint_every": 200},
                 "variants": {"baseline": {}}, "seeds": VERDICT_SEEDS, "analyze": analyze | {"gate_steps": 300},
-                "design": design(QUICK_SD, QUICK_EFFECT)}
+                "design": design(QUICK_SD, QUICK_EFFECT, QUICK_COLLAPSED)}
     if preset == "full":
         return {"name": "pruning_full", "config": "configs/numbers.py",
                 "overrides": {"model.num_heads": 8}, "variants": {"baseline": {}}, "seeds": [0, 1, 2, 3, 4],
@@ -102,18 +102,18 @@ FINDINGS = {
 #       --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 && python scripts/make_tables.py --workdir runs/pilot/pruning
 PILOT_SEEDS = (0, 1, 2, 3, 4)
 PILOT = "experiments/pruning.py:quick --seeds 0,1,2,3,4 (docs/pruning.md, pilot)"
-# The random curve is now the mean of 5 orders drawn from each trial's seed (before: one order, the same on every
-# seed); the pilot that measured the random findings' sds (0.246, 0.186) and effects ran with the old baseline, so
-# those findings wait for a new pilot. 'importance vs full at 20%' does not involve the random order: its pilot
-# numbers stand.
-QUICK_SD = {"importance vs full at 20%": 0.098}
-QUICK_EFFECT = {"importance vs full at 20%": -0.828}
+# The random curve is the mean of 5 orders drawn from each trial's seed (before: one order, the same head first on
+# every seed). The pilot was rerun with it at commit fdb1393 (17.7 min; docs/pruning.md): its mean differences,
+# per-seed sds and collapsed seeds (one: seed 1, in 'importance vs random').
+QUICK_SD = {"importance vs random": 0.285, "importance_raw vs random": 0.121, "importance vs full at 20%": 0.098}
+QUICK_EFFECT = {"importance vs random": 0.192, "importance_raw vs random": 0.293, "importance vs full at 20%": -0.828}
+QUICK_COLLAPSED = {"importance vs random": 1}
 VERDICT_SEEDS = [100, 101, 102, 103, 104]
 
 
-def design(sd: dict | None = None, effect: dict | None = None) -> Design:
+def design(sd: dict | None = None, effect: dict | None = None, collapsed: dict | None = None) -> Design:
     """The findings with what a preset's pilot measured (None: no pilot at that preset: exploratory)."""
-    return Design.of(FINDINGS, sd, PILOT, PILOT_SEEDS, effect=effect)
+    return Design.of(FINDINGS, sd, PILOT, PILOT_SEEDS, effect=effect, pilot_collapsed=collapsed)
 
 
 def _all_but_one(found: list[dict]) -> Table:
@@ -235,8 +235,9 @@ def _random_baseline(curves: dict[int, dict], ablate: dict[int, dict]) -> Table 
     body = []
     for s in seeds:
         first = curves[s]["random"][1]
-        deltas = {k: v["delta"] for k, v in ablate[s]["single_head"].items()}
-        exact = pruning_lib.expected_one_head_removal(curves[s]["random"][0]["score"], deltas)
+        single = ablate[s]["single_head"]  # {'baseline': the unmasked score, kind: {'delta': [L][N], ...}}
+        deltas = {k: v["delta"] for k, v in single.items() if isinstance(v, dict)}
+        exact = pruning_lib.expected_one_head_removal(single.get("baseline", curves[s]["random"][0]["score"]), deltas)
         orders = first.get("scores", [first["score"]])
         body.append([s, f"{first['percent']:.1f}%", f"{exact:.3f}", f"{first['score']:.3f}",
                      f"{np.std(orders, ddof=1) if len(orders) > 1 else float('nan'):.3f} ({len(orders)})"])
