@@ -68,8 +68,8 @@ FINDINGS["map_cosine"] = Finding("the map-cosine hinge improves quality (source 
 #       --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 && python scripts/make_tables.py --workdir runs/pilot/diversity
 PILOT_SEEDS = (0, 1, 2, 3, 4)
 PILOT = "experiments/diversity.py:quick --seeds 0,1,2,3,4 (docs/diversity.md, pilot)"
-# At lambda = 1 the three Li et al. terms cost 0.3-0.6 exact match with sds 0.09-0.19 (undecidable at 5 seeds); the
-# hinge at 0.01 barely moves training, so its paired sd is 0.015 (decidable)
+# At lambda = 1 the three Li et al. terms cost 0.3-0.6 exact match with sds 0.09-0.19; the hinge at 0.01 barely
+# moves training (-0.019, sd 0.015). The plan (--dry-run) puts the position and output terms in the family at 5 seeds.
 QUICK_SD = {"subspace": 0.186, "position": 0.085, "output": 0.104, "map_cosine": 0.015}  # pilot: 5 seeds
 QUICK_EFFECT = {"subspace": -0.341, "position": -0.615, "output": -0.449, "map_cosine": -0.019}  # its mean diffs
 VERDICT_SEEDS = [100, 101, 102, 103, 104]

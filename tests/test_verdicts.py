@@ -109,8 +109,8 @@ def test_powered_seeds_give_every_finding_its_chance():
     design = Design({"a": UP, "b": SAME}, {"a": 0.01, "b": 0.02}, "pilot", (0, 1, 2, 3, 4),
                     effect={"a": 0.03, "b": 0.0})
     seeds = design.powered_seeds(first=100)
-    assert seeds[0] == 100 and len(seeds) == max(p["seeds_needed"] for p in design.plan(3).values())
-    assert all(p["chance"] >= 0.8 for p in design.plan(len(seeds)).values())
+    assert seeds[0] == 100 and seeds == list(range(100, 100 + len(seeds)))
+    assert all(p["chance"] >= 0.8 and p["confirmatory"] for p in design.plan(len(seeds)).values())  # both in
     with pytest.raises(ValueError, match="needs a pilot effect and sd"):
         Design({"a": UP}, {"a": None}).powered_seeds()
 

@@ -174,9 +174,14 @@ class Design:
 
     def powered_seeds(self, first: int = 100) -> list[int]:
         """The seeds (``first``, ``first + 1``, ...) that give every finding with a pilot a chance of a verdict of
-        at least 0.8: the most any of them needs. For presets meant for an accelerator, where a vectorized seed
-        costs almost nothing."""
-        needed = [p["seeds_needed"] for p in self.plan(MIN_PAIRS).values() if p["chance"] is not None]
+        at least 0.8 with all of them in the family: the most any of them needs. For presets meant for an
+        accelerator, where a vectorized seed costs almost nothing."""
+        known = [k for k, f in self.findings.items() if self.effect.get(k) is not None and self.sd.get(k) is not None
+                 and not f.exploratory and len(self.pilot_seeds) >= 2]
+        floor = (1 - self.level) / 2 / max(len(known), 1)  # every finding in the family: Holm's first step
+        needed = [plan_lib.seeds_needed(self.findings[k].direction, self.findings[k].margin, self.effect[k],
+                                        stats.sd_upper(self.sd[k], len(self.pilot_seeds), plan_lib.SD_CONFIDENCE),
+                                        floor) for k in known]
         if not needed or None in needed:
             raise ValueError("Design.powered_seeds: every finding needs a pilot effect and sd, and a seed count of at "
                              f"most {plan_lib.MAX_SEEDS}")
