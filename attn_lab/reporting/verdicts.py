@@ -1,11 +1,12 @@
-"""The verdict on a published finding: one decision table, Holm's correction over a table's findings, and the
-design a preset registers before it runs (which findings it can decide at all).
+"""The verdict on a published finding: one decision table, Holm's correction over a table's confirmatory findings,
+and the design a preset registers before it runs (what its pilot measured, from which the plan picks the family).
 
-Evidence is the paired t-interval of the per-seed difference (compared row minus baseline; :mod:`.stats`) at
-``LEVEL``. A finding says the difference goes ``up`` or ``down`` (by at least ``margin``, the smallest difference
-that counts), stays the ``same`` (within ``margin`` either way: equivalence) or is ``not_worse`` (loses less than
-``margin``: non-inferiority). For up/down the interval ``[L, H]`` is first turned to the paper's side (a 'down'
-finding's difference is negated), so ``m = margin > 0`` below is an effect in the paper's direction.
+Evidence is the verdict interval of the per-seed difference (compared row minus baseline; the hull of the paired t
+and the bootstrap-t, :mod:`.stats`) at ``LEVEL``. A finding says the difference goes ``up`` or ``down`` (by at
+least ``margin``, the smallest difference that counts), stays the ``same`` (within ``margin`` either way:
+equivalence) or is ``not_worse`` (loses less than ``margin``: non-inferiority). For up/down the interval
+``[L, H]`` is first turned to the paper's side (a 'down' finding's difference is negated), so ``m = margin > 0``
+below is an effect in the paper's direction.
 
 **The decision table** (:func:`decide`; tests/test_verdicts.py checks every cell):
 
@@ -27,7 +28,7 @@ not_worse   otherwise                      inconclusive               straddles 
 These are Lakens' (2017, "Equivalence tests", Fig. 1) four outcomes of combining a test against zero with a test
 against the margin: different from zero and not equivalent (reproduced), different and equivalent (smaller than
 published), equivalent and not different (not reproduced), neither (inconclusive). Each interval edge is a one-sided
-t-test at ``(1 - LEVEL) / 2``: ``L > 0`` is ``p(H0: d <= 0) < 0.025``, and so on (:func:`claim_p`).
+test at ``(1 - LEVEL) / 2``: ``L > 0`` is ``p(H0: d <= 0) < 0.025``, and so on (:func:`claim_p`).
 
 **The plan, before the run** (:mod:`.plan`). A preset declares, per finding, what a pilot on other seeds measured:
 the mean paired difference (its *effect*) and the sd of the per-seed differences. With the preset's seeds, the
