@@ -211,8 +211,9 @@ def spans_learned(runs: list[tuple[str, dict[str, np.ndarray]]], init: float = 0
 
 
 def _init_span(exp) -> float:
-    return float((getattr(exp, "variants", {}) or {}).get("adaptive_span", {}).get(
-        "model.attention.adaptive_span.init_span", SPAN["model.attention.adaptive_span.init_span"]))
+    """Where the spans started, in tokens (``init_span`` is a fraction of ``max_span``)."""
+    options = {**SPAN, **(getattr(exp, "variants", {}) or {}).get("adaptive_span", {})}
+    return float(options["model.attention.adaptive_span.init_span"] * options["model.attention.adaptive_span.max_span"])
 
 
 def _span_table(groups: dict, sweep_dir: str, init: float = 0.0) -> Table:

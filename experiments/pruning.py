@@ -229,7 +229,8 @@ def _random_baseline(curves: dict[int, dict], ablate: dict[int, dict]) -> Table 
     """The random order's first step (one head pruned) per seed: the mean of the run's random orders against the
     exact expectation of removing one uniformly random head (the full score plus the mean single-head ablation
     change), which has no sampling noise: how far the averaged random curve is from what it estimates."""
-    seeds = sorted(s for s in curves if s in ablate and "random" in curves[s] and len(curves[s]["random"]) > 1)
+    seeds = sorted(s for s in curves if s in ablate and "random" in curves[s] and len(curves[s]["random"]) > 1
+                   and curves[s]["random"][1].get("pruned") == 1)  # the expectation is of one head removed
     if not seeds:
         return None
     body = []

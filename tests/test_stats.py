@@ -95,10 +95,10 @@ def test_exact_bootstrap_against_brute_force_enumeration():
 
 
 def test_three_pairs_use_the_paired_t_alone():
+    """At 3 pairs 3 of the bootstrap's 10 multisets have no spread: its tails are those resamples, not the data."""
     d = np.array([0.1, 0.2, 0.4])
     got, t = stats.interval(d), stats.t_interval(d)
     assert (got.low, got.high, got.method) == (pytest.approx(t.low), pytest.approx(t.high), "paired t")
-    assert np.isinf(coverage.bootstrap_t(d[None])[0][0])  # its bootstrap-t has infinite tails
 
 
 def test_t_interval_against_the_formula_written_out():
@@ -137,6 +137,19 @@ def test_one_sided_p_values_are_the_interval_edges(n):
             assert (iv.high < x) == (stats.p_below(iv, x) < 0.025), (iv, x)
 
 
+def test_tied_differences_give_finite_edges_and_equal_differences_claim_nothing():
+    """Tied seeds (a metric at its ceiling on some seeds) make resamples without spread: their se* is floored, so
+    the edge stays finite (it was -inf for [1, 1, 1, 1, 0.998] before the floor). Every difference equal: no
+    spread at all, an infinite interval and p = 1 (never p = 0 from seeds alone)."""
+    tied = stats.interval(np.array([0.0, 0.0, 0.0, 0.0, -0.002]))
+    assert math.isfinite(tied.low) and math.isfinite(tied.high) and tied.low > -0.05
+    two = stats.interval(np.array([0.3, 0.3, 0.5, 0.6, 0.7]))
+    assert stats.p_below(two, 10.0) < 1e-6  # no floor on p from the tied pair's resamples
+    flat = stats.interval(np.array([0.1, 0.1, 0.1]))
+    assert (flat.low, flat.high, flat.method) == (-math.inf, math.inf, stats.NO_SPREAD)
+    assert stats.p_above(flat, 0.0) == 1.0 and stats.p_below(flat, 1.0) == 1.0
+
+
 def test_counts_interval_against_scipys_exact_binomial_interval():
     """Clopper-Pearson from scipy.stats.binomtest: one rate against a fixed value at 95%, two rates each at 97.5%."""
     one = stats.binomial_difference((1195, 1200), 1.0)
@@ -145,9 +158,15 @@ def test_counts_interval_against_scipys_exact_binomial_interval():
     a, b = sp.binomtest(600, 600).proportion_ci(0.975, method="exact"), sp.binomtest(598, 600).proportion_ci(
         0.975, method="exact")
     assert stats.binomial_difference((600, 600), (598, 600)) == pytest.approx((a.low - b.high, a.high - b.low))
-    iv = stats.counts_interval((1200, 1200), 1.0, np.zeros(3), seeds=(0, 1, 2))
-    assert iv.high == 0.0 and -0.004 < iv.low < -0.002  # all 1,200 right: the rate is above 0.997
+    iv = stats.counts_interval([(400, 400)] * 3, 1.0, np.zeros(3), seeds=(0, 1, 2))
+    # every seed scores the same 400 examples: per seed 400 of 400, not 1,200 pooled (the rate is above 0.99)
+    assert iv.high == 0.0 and iv.low == pytest.approx(sp.binomtest(400, 400).proportion_ci(0.95, "exact").low - 1)
     assert stats.p_above(iv, -0.05) < 0.001 and stats.p_above(iv, -0.001) > 0.025  # not worse by 0.05: decided
+    two = stats.counts_interval([(400, 400), (398, 400)], [(350, 400), (348, 400)], np.full(2, 0.125))
+    assert (two.low, two.high) == pytest.approx((min(stats.binomial_difference((400, 400), (350, 400))[0],
+                                                     stats.binomial_difference((398, 400), (348, 400))[0]),
+                                                 max(stats.binomial_difference((400, 400), (350, 400))[1],
+                                                     stats.binomial_difference((398, 400), (348, 400))[1])))
 
 
 def test_collapse_rule_false_and_true_rates():

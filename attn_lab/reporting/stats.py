@@ -150,11 +150,14 @@ def studentize(data: np.ndarray, resampled: tuple[np.ndarray, np.ndarray] | None
     centered = data - m[:, None]  # t* is shift-invariant: centering keeps the sums below exact
     mb = centered @ counts.T / n  # (R, B) resample means, minus m
     var = np.maximum((centered**2) @ counts.T - n * mb**2, 0.0) / (n - 1)  # (R, B)
+    # A resample drawn from tied pairs has no spread (t* = +-inf); its se* is floored at the sample's se / n, so
+    # tied seeds (a metric at a ceiling on some seeds) give a wide but finite edge instead of an infinite one.
+    floor = (sd / math.sqrt(n) / n)[:, None] ** 2 * n  # as a variance: (se / n)^2 * n
     scale = np.maximum(np.abs(centered).max(1, keepdims=True), 1e-300)
-    flat = var <= (1e-10 * scale) ** 2  # no spread, up to rounding
+    flat = np.maximum(var, floor) <= (1e-10 * scale) ** 2  # no spread even after the floor: the sample has none
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(flat, np.sign(np.where(np.abs(mb) <= 1e-12 * scale, 0.0, mb)) * np.inf,
-                     mb / np.sqrt(var / n))
+                     mb / np.sqrt(np.maximum(var, floor) / n))
     t = np.nan_to_num(t, nan=0.0, posinf=np.inf, neginf=-np.inf)
     order = np.argsort(t, axis=1, kind="stable")
     w = weights[order]  # (R, B)
@@ -188,11 +191,19 @@ def hull_edges(data: np.ndarray, level: float = LEVEL) -> tuple[np.ndarray, np.n
     return low, high
 
 
+NO_SPREAD = "none: no spread across seeds"
+
+
 def interval(diffs: np.ndarray, level: float = LEVEL, seeds: tuple[int, ...] = ()) -> Interval | None:
-    """The verdict interval of the mean of ``diffs`` (see the module docstring); None with fewer than 2."""
+    """The verdict interval of the mean of ``diffs`` (see the module docstring); None with fewer than 2. When every
+    difference is the same, the seeds say nothing about the spread: the interval is infinite (p = 1 for every
+    claim), never a zero-width interval with p = 0 (per-example counts can decide instead: :func:`counts_interval`)."""
     diffs = np.asarray(diffs, np.float64)
     if diffs.size < 2:
         return None
+    if np.ptp(diffs) <= 1e-12 * max(1.0, float(np.abs(diffs).max())):
+        return Interval(float(diffs.mean()), -math.inf, math.inf, diffs.size, 0.0, level, (), tuple(seeds), NO_SPREAD,
+                        lambda lv: (-math.inf, math.inf))
     low, high = hull_edges(diffs[None], level)
     method = INTERVAL if diffs.size >= BOOT_MIN_PAIRS else "paired t"
     return Interval(float(diffs.mean()), float(low[0]), float(high[0]), diffs.size, float(diffs.std(ddof=1)), level,
@@ -343,15 +354,20 @@ def binomial_difference(other: tuple[int, int], baseline: tuple[int, int] | floa
     return ol - bh, oh - bl
 
 
-def counts_interval(other: tuple[int, int], baseline: tuple[int, int] | float, diffs: np.ndarray,
+def counts_interval(other: list[tuple[int, int]], baseline: list[tuple[int, int]] | float, diffs: np.ndarray,
                     level: float = LEVEL, seeds: tuple[int, ...] = ()) -> Interval:
-    """The verdict interval of a zero-spread difference: :func:`binomial_difference` of the pooled counts, with its
-    edges at any level (its one-sided tests come from them)."""
+    """The verdict interval of a zero-spread difference from per-example counts: per seed
+    :func:`binomial_difference` of that seed's counts, and the hull over seeds (every seed is scored on the same
+    test examples, so pooling them would count each example once per seed), with its edges at any level (its
+    one-sided tests come from them)."""
+    pairs = list(zip(other, baseline if isinstance(baseline, list) else [baseline] * len(other)))
+
     def edges(lv: float) -> tuple[float, float]:
-        return binomial_difference(other, baseline, lv)
+        each = [binomial_difference(o, b, lv) for o, b in pairs]
+        return min(e[0] for e in each), max(e[1] for e in each)
     low, high = edges(level)
     return Interval(float(np.mean(diffs)), low, high, len(diffs), 0.0, level, (), tuple(seeds),
-                    "Clopper-Pearson on pooled counts (no spread across seeds)", edges)
+                    "Clopper-Pearson on per-example counts (no spread across seeds)", edges)
 
 
 # --- coverage, planning helpers, multiplicity -------------------------------------------------------------------

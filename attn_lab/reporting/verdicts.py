@@ -279,13 +279,21 @@ def judge(design: Design, diffs: Mapping[str, Interval | None], seeds: int,
     raw = {k: collapse_guard(design.findings[k], diffs[k], decide(design.findings[k], diffs[k]), collapsed[k],
                              design.pilot_collapsed.get(k, 0)) for k in keys}
     family = [k for k in keys if plan[k]["confirmatory"]]
-    adjusted = stats.holm({k: claim_p(design.findings[k], diffs[k], raw[k].split(" (")[0])
-                           if diffs[k] is not None else 1.0 for k in family})
+    claims = {k: claim_p(design.findings[k], diffs[k], raw[k].split(" (")[0]) if diffs[k] is not None else 1.0
+              for k in family}
+    adjusted = stats.holm(claims)
+    alpha = (1 - design.level) / 2
+    for k in family:  # 'smaller than published' = above 0 and below m: if both fail Holm, 'above 0' may still hold
+        if raw[k] == "smaller than published" and adjusted[k] >= alpha:
+            weaker = stats.holm({**claims, k: claim_p(design.findings[k], diffs[k], "reproduced")})
+            if weaker[k] < alpha:
+                raw[k], claims, adjusted = "reproduced", {**claims, k: claim_p(design.findings[k], diffs[k],
+                                                                                "reproduced")}, weaker
     out = []
     for k in keys:
         if k in family:
             p = adjusted[k]
-            verdict = raw[k] if p < (1 - design.level) / 2 or raw[k].startswith(WITHHELD) else "inconclusive"
+            verdict = raw[k] if p < alpha or raw[k].startswith(WITHHELD) else "inconclusive"
         else:
             verdict, p = f"{raw[k]} ({EXPLORATORY})", None
         out.append(Judged(k, design.findings[k], diffs[k], plan[k], verdict, p, collapsed[k]))
@@ -483,16 +491,15 @@ def compare(baseline: Sequence[Mapping], other: Sequence[Mapping], metric: str, 
     base = score(baseline) if fixed is None else {s: sign * fixed for s in {int(r["seed"]) for r in other}}
     diverged = sorted(s for s in base if s not in other_scores and any(int(r.get("seed", -1)) == s for r in other))
     diff = paired(base, other_scores, level)
-    if diff is None or diff.sd > 1e-12 * max(1.0, abs(diff.mean)):
+    if diff is None or diff.method != stats.NO_SPREAD:
         return diff, diverged
     oc = counts_by_seed(other, metric) if sign == 1.0 else {}  # counts belong to a rate, not to a loss
     bc = {s: None for s in diff.seeds} if fixed is not None else counts_by_seed(baseline, metric)
     if not all(s in oc and s in bc for s in diff.seeds):
-        return dataclasses.replace(diff, low=-math.inf, high=math.inf,
-                                   method="none: no spread across seeds and no per-example counts"), diverged
-    pooled = lambda counts: tuple(sum(counts[s][i] for s in diff.seeds) for i in (0, 1))  # noqa: E731
-    return (stats.counts_interval(pooled(oc), fixed if fixed is not None else pooled(bc), np.array(diff.values),
-                                  level, diff.seeds), diverged)
+        return diff, diverged  # infinite: no spread and no counts, nothing is claimed
+    values = np.full(diff.pairs, diff.mean)
+    return (stats.counts_interval([oc[s] for s in diff.seeds], fixed if fixed is not None else
+                                  [bc[s] for s in diff.seeds], values, level, diff.seeds), diverged)
 
 
 def variant_verdicts(groups: Mapping[str, Sequence[Mapping]], baseline: str, exp: Any, sweep_dir: str, metric: str,

@@ -123,12 +123,15 @@ class Run:
         tcfg, state, n = self.config.train, self.state, len(self.seeds)
         decode = self.decoders.get(split, self.decoders.get("test"))
         sums, hyps = {k: np.zeros(n) for k in ("loss", "correct", "weight")}, [[] for _ in range(n)]
+        examples = 0  # sequences (or examples) scored: what a rate at a floor or ceiling is counted in
         batches = self.task.dataset(split, tcfg.batch_size, train=False, shard=self.parallel.shard)  # this host's rows
         for i, batch in enumerate(batches):
             if tcfg.max_eval_batches and i >= tcfg.max_eval_batches:
                 break
             placed = self.parallel.batch(batch)
             step_sums = self.parallel.fetch(self.eval_step(state, placed))
+            targets = np.asarray(batch["targets"])
+            examples += int(np.any(targets != 0, axis=-1).sum()) if targets.ndim > 1 else 0
             sums = {k: sums[k] + np.asarray(v, np.float64) for k, v in step_sums.items()}
             if decode is not None:
                 ids = self.parallel.fetch(decode(state, placed["inputs"]))  # (S, B, T)
@@ -140,9 +143,9 @@ class Run:
             for result, seed_hyps in zip(results, hyps):
                 result.update(metrics_lib.translation_scores(seed_hyps[: len(refs)], refs,
                                                              self.config.eval.bleu_tokenize))
-        if split == "test":  # what each rate was measured on: a verdict at a floor or ceiling needs the counts
-            for i, result in enumerate(results):
-                result["accuracy_count"] = int(sums["weight"][i])
+        if split == "test":  # what each rate was measured on, in examples: a verdict at a floor or ceiling needs it
+            for i, result in enumerate(results):  # (positions in one sequence are not independent trials)
+                result["accuracy_count"] = examples or int(sums["weight"][i])  # a classifier's weight is examples
                 if "exact_match" in result:
                     result["exact_match_count"] = len(refs)
         return results

@@ -29,6 +29,10 @@ _RANDOM_ORDERS = flags.DEFINE_integer("random-orders", 5, "prune: random orders 
 _FINETUNE_STEPS = flags.DEFINE_integer("finetune-steps", 0, "prune: train this many steps after each step.",
                                        lower_bound=0)
 flags.register_validator("prune-fraction", lambda v: v > 0, message="must be in (0, 1] (a share of all heads)")
+flags.register_multi_flags_validator(
+    ["finetune-steps", "random-orders"], lambda f: not (f["finetune-steps"] and f["random-orders"] > 1),
+    message="--finetune-steps with --random-orders > 1: the random orders' fine-tuned runs would share one folder "
+            "per step; pass --random-orders=1")
 
 
 def _finetune(ctx: AnalysisContext, order: str) -> Callable | None:
