@@ -37,14 +37,16 @@ def test_each_seed_draws_its_own_order_and_a_seed_repeats_its_own():
     assert curve(3) == curve(3)
 
 
-def test_the_random_curve_is_the_mean_of_its_orders():
+def test_the_random_curve_is_the_mean_of_its_orders_each_from_the_seeds_own_stream():
     got = curve(5, orders=4)
-    singles = [[p["score"] for p in pruning.pruning_curve({}, [], SHAPES, score, None, order="random",
-                                                          fraction=1 / 16, seed=5, random_orders=4)]]
     assert len(got[1]["scores"]) == 4 and len(set(got[1]["scores"])) > 1  # four different first heads
     for point in got:
         assert point["score"] == pytest.approx(np.mean(point["scores"]))
-    assert singles[0] == [p["score"] for p in got]  # the same orders from the same seed
+    flat = [w for k in SHAPES for w in WEIGHTS[k].ravel()]  # heads in the order pruning lists them
+    full = sum(flat)
+    for r, first in enumerate(got[1]["scores"]):  # order r's first head: the first of permutation (seed 5, r)
+        head = np.random.default_rng([5, r]).permutation(len(flat))[0]
+        assert first == pytest.approx(full - flat[head])
 
 
 def test_exact_expectation_of_one_head_removed_against_brute_force_and_the_averaged_curve():

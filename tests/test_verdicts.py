@@ -347,3 +347,18 @@ def test_a_difference_without_spread_is_decided_by_its_counts(tmp_path):
     assert math.isinf(diff.low) and decide(SAME, diff) == "inconclusive"
     recall, _ = compare([], [{"seed": s, "m": 1.0, "m_count": 300} for s in (1, 2, 3)], "m", fixed=1.0)
     assert decide(NOT_WORSE, recall) == "reproduced" and recall.high == 0.0  # perfect recall vs a fixed 1.0
+
+
+def test_a_smaller_than_published_claim_that_fails_holm_keeps_its_above_zero_half():
+    """'Smaller than published' claims above 0 and below m; when the pair fails Holm but 'above 0' alone passes,
+    the row reads 'reproduced' (what the data decide at the family's level), not inconclusive."""
+    wide = dataclasses.replace(UP, margin=1.0)
+    design = Design({"a": UP, "b": wide}, {"a": 0.1, "b": 0.1}, "pilot", (0, 10, 11, 12, 13),
+                    effect={"a": 0.6, "b": 0.6})
+    diffs = {"a": _interval_with_p(0.0134), "b": Interval(0.6, 0.277, 0.923, 5, 0.26)}
+    assert decide(wide, diffs["b"]) == "smaller than published"
+    p_zero, p_margin = stats.p_above(diffs["b"], 0.0), stats.p_below(diffs["b"], 1.0)
+    assert p_zero < ALPHA / 2 < p_margin < ALPHA  # the pair fails at Holm's first step, 'above 0' passes it
+    got = {j.key: j for j in judge(design, diffs, seeds=9)}
+    assert got["b"].verdict == "reproduced" and got["b"].p_holm == pytest.approx(2 * p_zero)
+    assert got["a"].verdict == "reproduced"
