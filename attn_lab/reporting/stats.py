@@ -15,8 +15,8 @@ The hull covers at least what either interval covers, in every shape: it was cho
 (``python scripts/interval_coverage.py``; tests/test_stats.py holds the numbers) over the paired t, the bootstrap-t,
 BCa and the hull, at 3, 5 and 10 pairs, for normal, heavy-tailed (t3), skewed (log-normal, chi-square) and
 15%-collapse differences: the hull has the best worst case and is never below the paired t. Below 4 pairs the
-bootstrap-t does not exist (at 3 pairs 3 of the 27 resamples are constant, so its 2.5% quantiles are infinite) and
-the interval is the paired t alone, which covers only ~0.82 for skewed differences there.
+interval is the paired t alone (covering only ~0.82 for skewed differences there): at 3 pairs 3 of the bootstrap's
+10 multisets have no spread, so its tails are set by the se* floor below, not by the data.
 
 A verdict edge is a one-sided test at ``(1 - level) / 2``: ``low > x`` exactly when :func:`p_above` ``(x) < 0.025``;
 for the hull that p-value is the larger of the t's and the bootstrap-t's (both edges must clear ``x``).
@@ -36,7 +36,7 @@ from scipy import stats as scipy_stats
 
 LEVEL = 0.95
 INTERVAL = "t + bootstrap-t hull"  # the interval's name, printed in every verdict table's header
-BOOT_MIN_PAIRS = 4  # below this the bootstrap-t's tails are infinite: the interval is the paired t alone
+BOOT_MIN_PAIRS = 4  # below this the bootstrap-t is set by its resamples without spread: the paired t alone
 EXACT_UP_TO = 7  # enumerate the bootstrap exactly up to this many pairs (1,716 multisets at 7)
 RESAMPLES = 3999  # sampled bootstrap above that: alpha * RESAMPLES is never an integer, so no edge is a tie
 CHUNK = 500  # datasets studentized at once in a simulation ([CHUNK, B] arrays)
