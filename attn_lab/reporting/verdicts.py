@@ -46,8 +46,8 @@ withheld, never counted as a confirmed claim.
 (a stated rule: :func:`attn_lab.reporting.stats.collapsed`). 'Same' and 'not worse' claims -- the ones a variant
 that sometimes fails to train breaks, and that no interval over seeds that showed no failure can protect -- are
 withheld when a run or pilot seed collapsed, and otherwise state the collapse rate their seeds exclude
-(``< 1 - 0.05^(1/n)``). A difference with no spread across seeds (a floor or ceiling) is decided from the pooled
-per-example counts (Clopper-Pearson), never from a zero-width interval over seeds.
+(``< 1 - 0.05^(1/n)``). A difference with no spread across seeds (a floor or ceiling) is decided from each seed's
+per-example counts (Clopper-Pearson, the hull over seeds), never from a zero-width interval over seeds.
 """
 
 from __future__ import annotations
@@ -376,7 +376,7 @@ def registered_design(registered: Mapping[str, Any] | None, fallback: Design | N
 VERDICT_HEADER = ("finding", "paper", "margin", f"ours: mean diff [{LEVEL:.0%} CI]", "sd: run (pilot)",
                   "collapsed seeds", "Holm p", "verdict")
 RULE = (f"Interval: {INTERVAL} at {LEVEL:.0%} over seeds (the paired t alone below 4 seeds; Clopper-Pearson on "
-        "pooled per-example counts where every seed gives the same difference). Rule (attn_lab/reporting/"
+        "each seed's per-example counts where every seed gives the same difference). Rule (attn_lab/reporting/"
         "verdicts.py): up/down -- the interval above 0 and reaching the margin -> reproduced, above 0 but below the "
         "margin -> smaller than published, below the margin and not above 0 -> not reproduced; same -- inside ± "
         "margin -> reproduced, wholly outside -> not reproduced; not worse -- above -margin -> reproduced, wholly "
