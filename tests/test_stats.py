@@ -200,13 +200,6 @@ def test_sd_upper_limit_against_the_chi_square_formula_and_by_simulation():
     assert np.mean([stats.sd_upper(s, 5) >= 1.0 for s in sds]) == pytest.approx(0.8, abs=0.01)
 
 
-def test_c4_and_expected_half_width_against_the_formulas():
-    assert stats.c4(2) == pytest.approx(math.sqrt(2 / math.pi))  # 0.7979
-    assert stats.c4(5) == pytest.approx(0.9399856, abs=1e-6)  # tabulated (ASTM)
-    assert stats.expected_half_width(0.06, 5) == pytest.approx(2.7764451 * 0.9399856 * 0.06 / math.sqrt(5), rel=1e-6)
-    assert stats.expected_half_width(0.06, 1) == math.inf
-
-
 def test_holm_against_the_step_down_written_out():
     p = {"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.2}
     # sorted: a 0.01 x4 = 0.04; c 0.03 x3 = 0.09; b 0.04 x2 = 0.08 -> monotone 0.09; d 0.2 x1 -> 0.2

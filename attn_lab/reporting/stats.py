@@ -216,12 +216,6 @@ def paired(baseline: Mapping[int, float], other: Mapping[int, float], level: flo
     return interval(differences(baseline, other), level, seeds)
 
 
-def paired_t(baseline: Mapping[int, float], other: Mapping[int, float], level: float = LEVEL) -> Interval | None:
-    """The paired t-interval of ``other - baseline`` over their shared seeds; None with fewer than 2 shared."""
-    got = t_interval(differences(baseline, other), level)
-    return None if got is None else dataclasses.replace(got, seeds=tuple(sorted(set(baseline) & set(other))))
-
-
 def percentile_bootstrap(diffs: np.ndarray, level: float = LEVEL, resamples: int = 10_000,
                          seed: int = 0) -> Interval | None:
     """The percentile bootstrap interval of the mean (the interval this project printed before the paired t).
@@ -389,23 +383,10 @@ def batched(fn):
     return fn
 
 
-def c4(n: int) -> float:
-    """``E[s] / sigma`` for the sample standard deviation of ``n`` normal values (0.798 at 2, 0.940 at 5)."""
-    return math.sqrt(2.0 / (n - 1)) * math.exp(special.gammaln(n / 2) - special.gammaln((n - 1) / 2))
-
-
 def sd_upper(sd: float, n: int, confidence: float = 0.8) -> float:
     """The one-sided upper confidence limit of a standard deviation measured on ``n`` normal values:
     ``sd sqrt((n - 1) / chi2_{1 - confidence, n - 1})`` (1.56 x sd at 80% from 5 values, 2.12 x from 3)."""
     return sd * math.sqrt((n - 1) / scipy_stats.chi2.ppf(1 - confidence, n - 1))
-
-
-def expected_half_width(sd: float, n: int, level: float = LEVEL) -> float:
-    """The expected half-width of the paired t-interval at ``level`` over ``n`` seeds when the per-seed
-    differences have standard deviation ``sd``: ``t_{(1 + level)/2, n-1} c4(n) sd / sqrt(n)``; inf below 2."""
-    if n < 2:
-        return math.inf
-    return t_quantile((1 + level) / 2, n - 1) * c4(n) * sd / math.sqrt(n)
 
 
 def holm(p_values: Mapping[str, float]) -> dict[str, float]:
