@@ -202,6 +202,14 @@ def spans_moved(runs: list[tuple[str, dict[str, np.ndarray]]], init: float) -> t
     return int(np.sum(np.abs(every - init) >= MOVED_TOKENS)), int(every.size)
 
 
+def spans_learned(runs: list[tuple[str, dict[str, np.ndarray]]], init: float = 0.0) -> bool | None:
+    """Whether the spans learned: at least MOVED_SHARE of all heads moved MOVED_TOKENS or more from their initial
+    span (a run with 73 of 80 heads still at 0 is a fixed ramp-wide window, however far the other 7 went). None
+    without runs."""
+    moved, total = spans_moved(runs, init)
+    return None if not total else moved >= MOVED_SHARE * total
+
+
 def _init_span(exp) -> float:
     """Where the spans started, in tokens (``init_span`` is a fraction of ``max_span``)."""
     options = {**SPAN, **(getattr(exp, "variants", {}) or {}).get("adaptive_span", {})}
