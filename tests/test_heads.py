@@ -177,12 +177,16 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     assert {"prune/random", "prune/percent"} <= set(logged[1]) and "gates/kept" in logged[3]
     _analyze([sys.executable, os.path.join(ROOT, "scripts", "analyze_heads.py")], "--workdir", str(tmp_path / "run"),
              "--what", "prune", "--max-batches", "1", "--prune-fraction", "0.5", "--prune-orders", "random",
-             "--finetune-steps", "2")
-    finetuned = json.loads((out / "finetune" / "random" / "step1" / "results.json").read_text())
-    assert finetuned["steps"] == 2 and finetuned["config"]["train"]["init_from"] == str(tmp_path / "run")
-    masked = finetuned["config"]["model"]["kinds"]["encoder_self"]["head_mask"]
-    assert sorted(masked.replace(";", ",").split(",")) == ["0", "0", "1", "1"]  # half the heads pruned
-    assert set(json.loads((out / "prune.json").read_text())) == {"metric", "finetune_steps", "random"}
+             "--finetune-steps", "2", "--random-orders", "2")
+    for r in (0, 1):  # each random order its own chain of fine-tuned runs, each starting from the trained run
+        finetuned = json.loads((out / "finetune" / "random" / f"order{r}" / "step1" / "results.json").read_text())
+        assert finetuned["steps"] == 2 and finetuned["config"]["train"]["init_from"] == str(tmp_path / "run")
+        masked = finetuned["config"]["model"]["kinds"]["encoder_self"]["head_mask"]
+        assert sorted(masked.replace(";", ",").split(",")) == ["0", "0", "1", "1"]  # half the heads pruned
+    prune = json.loads((out / "prune.json").read_text())
+    assert set(prune) == {"metric", "finetune_steps", "random_seed", "random_orders", "random"}
+    assert (prune["random_seed"], prune["random_orders"]) == (c.seed, 2)
+    assert len(prune["random"][1]["scores"]) == 2  # each point: the mean of both orders, and both orders' scores
 
 
 def test_heads_track_logs_per_head_diagnostics_at_each_evaluation(tmp_path):

@@ -39,7 +39,7 @@ def _ranked(scores: dict[str, np.ndarray], masks: dict[str, np.ndarray], order: 
 
 def pruning_curve(state: dict, batches: list[dict], shapes: dict[str, tuple[int, int]], score: Scorer,
                   importance_sums: Callable, *, order: str = "importance", fraction: float = 0.1,
-                  rescore: bool = False, seed: int = 0, finetune: Callable | None = None,
+                  rescore: bool = False, seed: int = 0, finetune: Callable[[str], Callable] | None = None,
                   random_orders: int = 1) -> list[dict]:
     """The metric after pruning 0%, 10%, ... of all heads; one dict per step.
 
@@ -48,15 +48,19 @@ def pruning_curve(state: dict, batches: list[dict], shapes: dict[str, tuple[int,
     point keeping the orders' own ``scores``: one random order per seed is a noisy baseline, and one fixed order on
     every seed is no baseline at all (it prunes the same heads first everywhere).
 
-    ``finetune(state, masks, step) -> state``: trains the pruned model between steps (Michel et al. Section 4.2's
-    optional retraining); importance (when re-scored) and the metric then use the fine-tuned state.
+    ``finetune(chain) -> hook``, ``hook(state, masks, step) -> state``: trains the pruned model between steps
+    (Michel et al. Section 4.2's optional retraining); importance (when re-scored) and the metric then use the
+    fine-tuned state. Each curve is its own chain of fine-tuned runs (``chain``: the order, or ``random/order<r>``
+    for the ``r``-th random order), so the random orders never continue each other's runs.
     """
     if order not in ORDERS:
         raise ValueError(f"pruning order {order!r} is not one of {ORDERS}")
     if order != "random":
-        return _curve(state, batches, shapes, score, importance_sums, order, fraction, rescore, None, finetune)
+        return _curve(state, batches, shapes, score, importance_sums, order, fraction, rescore, None,
+                      finetune and finetune(order))
     curves = [_curve(state, batches, shapes, score, importance_sums, order, fraction, rescore,
-                     np.random.default_rng([seed, r]), finetune) for r in range(random_orders)]
+                     np.random.default_rng([seed, r]), finetune and finetune(f"random/order{r}"))
+              for r in range(random_orders)]
     return [{**points[0], "score": float(np.mean([p["score"] for p in points])), "scores": [p["score"] for p in points]}
             for points in zip(*curves)]
 

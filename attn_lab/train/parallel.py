@@ -86,6 +86,15 @@ class DataParallel:
 
         return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), tree)
 
+    @staticmethod
+    def total(count: int) -> int:
+        """A count taken on this host's rows, summed over every process (a collective: call it on all of them)."""
+        if jax.process_count() == 1:
+            return int(count)
+        from jax.experimental import multihost_utils
+
+        return int(np.asarray(multihost_utils.process_allgather(np.asarray(count, np.int64))).sum())
+
     def state(self, state: Any) -> Any:
         """Replicates (or FSDP-shards) every leaf of a training state."""
         if not self.active:

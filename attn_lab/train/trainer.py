@@ -137,6 +137,7 @@ class Run:
                 ids = self.parallel.fetch(decode(state, placed["inputs"]))  # (S, B, T)
                 for seed_hyps, rows in zip(hyps, ids):
                     seed_hyps += [self.task.decode(row) for row in rows]
+        examples = self.parallel.total(examples)  # this host counted its own rows
         results = [metrics_lib.summarize({k: float(v[i]) for k, v in sums.items()}) for i in range(n)]
         if decode is not None:
             refs = self.task.references(split)[: len(hyps[0])]

@@ -1,7 +1,7 @@
 """``--what=prune``: iterative head pruning (Michel et al. 2019): remove --prune-fraction of all heads per step in
 each --prune-orders order (importance, reverse, random, importance_raw), scoring --metric after every step; the
 random curve is the mean of --random-orders orders drawn from the run's seed. ``--finetune-steps`` trains a derived
-run after each step (``analysis/finetune/<order>/step<k>``). Writes prune.json, prune.png (the curves) and one
+run after each step (``analysis/finetune/<order>/step<k>``; ``random/order<r>/step<k>`` per random order). Writes prune.json, prune.png (the curves) and one
 logged step per pruning step."""
 
 from __future__ import annotations
@@ -29,22 +29,21 @@ _RANDOM_ORDERS = flags.DEFINE_integer("random-orders", 5, "prune: random orders 
 _FINETUNE_STEPS = flags.DEFINE_integer("finetune-steps", 0, "prune: train this many steps after each step.",
                                        lower_bound=0)
 flags.register_validator("prune-fraction", lambda v: v > 0, message="must be in (0, 1] (a share of all heads)")
-flags.register_multi_flags_validator(
-    ["finetune-steps", "random-orders"], lambda f: not (f["finetune-steps"] and f["random-orders"] > 1),
-    message="--finetune-steps with --random-orders > 1: the random orders' fine-tuned runs would share one folder "
-            "per step; pass --random-orders=1")
 
 
-def _finetune(ctx: AnalysisContext, order: str) -> Callable | None:
-    """prune's ``finetune`` hook: a derived run per pruning step, each continuing the previous one."""
-    previous = {"dir": ctx.flags.workdir}
+def _finetune(ctx: AnalysisContext) -> Callable | None:
+    """prune's ``finetune`` factory: per curve (``chain``) a derived run per pruning step, each continuing the
+    previous one of its chain."""
+    def chain(name: str) -> Callable:
+        previous = {"dir": ctx.flags.workdir}
 
-    def finetune(state, masks, step):
-        workdir = ctx.path("finetune", order, f"step{step}")
-        previous["dir"] = derived.finetune_masked(ctx.run.config, previous["dir"], masks, _FINETUNE_STEPS.value,
-                                                  workdir)
-        return load_finished_run(workdir).state
-    return finetune if _FINETUNE_STEPS.value > 0 else None
+        def finetune(state, masks, step):
+            workdir = ctx.path("finetune", *name.split("/"), f"step{step}")
+            previous["dir"] = derived.finetune_masked(ctx.run.config, previous["dir"], masks,
+                                                      _FINETUNE_STEPS.value, workdir)
+            return load_finished_run(workdir).state
+        return finetune
+    return chain if _FINETUNE_STEPS.value > 0 else None
 
 
 @register_method("prune", order=30)
@@ -53,7 +52,7 @@ def prune(ctx: AnalysisContext) -> None:
     seed = int(ctx.run.config.seed)  # each trial its own random orders
     curves = {order: pruning.pruning_curve(ctx.run.state, ctx.batches, ctx.shapes, ctx.score, ctx.importance_sums,
                                            order=order, fraction=_FRACTION.value, rescore=_RESCORE.value,
-                                           finetune=_finetune(ctx, order), seed=seed,
+                                           finetune=_finetune(ctx), seed=seed,
                                            random_orders=_RANDOM_ORDERS.value)
               for order in _ORDERS.value}
     ctx.write_json("prune", {"metric": ctx.flags.metric, "finetune_steps": _FINETUNE_STEPS.value,
