@@ -30,7 +30,7 @@ ABSENT = "(absent)"
 # identity at that value, so a record from before the option existed is the same run (and has the same fingerprint).
 # The fused kernel's options qualify: which implementation 'auto' picks is decided per backend and was never part
 # of a run's identity (dense's 'auto' is cuDNN on a GPU and XLA on a CPU for the same config).
-ADDED_LATER = {"model.attention.local.fused_block_size": 64,
+ADDED_LATER = {"model.attention.local.fused_block_size": 64, "train.init_kv_heads": "same",
                **{f"model.attention.{kernel}.{option}": value for kernel in ("strided", "longformer", "bigbird")
                   for option, value in (("implementation", "auto"), ("fused_block_size", None))}}
 

@@ -84,6 +84,8 @@ SECTIONS: dict[str, dict[str, tuple[Any, Rule | None]]] = {
         "log_every": (50, POSITIVE_INT), "eval_every": (500, POSITIVE_INT), "checkpoint_every": (500, POSITIVE_INT),
         "max_eval_batches": (None, OPTIONAL_POSITIVE_INT),
         "init_from": (None, OPTIONAL_STR),  # a finished run's folder: start from its parameters
+        # 'mean_pool': init_from's key/value heads mean-pooled into this model's groups (attn_lab/train/uptrain.py)
+        "init_kv_heads": ("same", choice("same", "mean_pool")),
     },
     "heads": {"track": (False, BOOL)},  # per-head diagnostics logged at every evaluation (gates: objectives/gates.py)
     "parallel": {  # data parallel over all devices; multi-host (attn_lab/train/parallel.py)
@@ -316,6 +318,8 @@ def _check_paths(config: Any, task: ResolvedTask) -> None:
     """Every path the run reads or writes besides its workdir: init_from, the compile cache and the data."""
     if config.train.init_from is not None and not os.path.isdir(os.path.join(config.train.init_from, "checkpoints")):
         raise ValueError(f"train.init_from='{config.train.init_from}' is not a run folder with checkpoints")
+    if config.train.init_kv_heads == "mean_pool":
+        _check_kv_pooling(config)
     if config.compile_cache:
         try:
             check_writable(config.compile_cache, "compile_cache")
@@ -328,6 +332,22 @@ def _check_paths(config: Any, task: ResolvedTask) -> None:
         if os.path.isdir(data_dir) and task.is_prepared(data_dir):  # a prepared dataset is only read
             return
         raise ValueError(f"{e}, and task '{config.task.name}' is not prepared there (preparing writes it)") from None
+
+
+def _check_kv_pooling(config: Any) -> None:
+    """GQA uptraining pools a finished run's key/value heads into fewer groups: it needs that run, and its head
+    count a multiple of this model's (checked from its config.json, before this run builds anything)."""
+    from attn_lab.results import read_config
+
+    if config.train.init_from is None:
+        raise ValueError("train.init_kv_heads='mean_pool' needs train.init_from (the finished multi-head run whose "
+                         "key/value heads it pools)")
+    source = read_config(config.train.init_from)["model"]
+    have = source.get("num_kv_heads") or source["num_heads"]
+    want = config.model.num_kv_heads or config.model.num_heads
+    if have <= want or have % want:
+        raise ValueError(f"train.init_kv_heads='mean_pool': {config.train.init_from} has {have} key/value heads and "
+                         f"this model.num_kv_heads={want}; pooling needs fewer groups here, dividing {have}")
 
 
 def unused_kernel_options(config: Any) -> list[str]:

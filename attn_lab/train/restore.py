@@ -16,10 +16,12 @@ import ml_collections
 import numpy as np
 from flax import nnx, traverse_util
 
+from attn_lab.checks import RunError
 from attn_lab.data import Task, load_task
 from attn_lab.identity import checkpoint_steps
 from attn_lab.models import build_model, model_class, supports_cached_decoding
 from attn_lab.results import read_config
+from attn_lab.train import uptrain
 from attn_lab.train.checkpoint import Checkpointer, restore_common
 from attn_lab.train.decode import compile_decode, split_beam_size
 from attn_lab.train.metrics import translation_scores
@@ -111,21 +113,32 @@ def load_finished_run(workdir: str) -> FinishedRun:
     return FinishedRun(config, task, graphdef, state, int(step))
 
 
-def warm_start(path: str, states: list[dict], verbose: bool) -> list[dict]:
+def warm_start(path: str, states: list[dict], verbose: bool, kv_heads: str = "same") -> list[dict]:
     """Each seed's state with every parameter that the finished run in ``path`` also has (same path, same shape)
     taken from it; parameters it lacks (e.g. new head gates) keep their initialization; the optimizer starts fresh.
-    The source run is loaded once for all seeds, its model rebuilt from its own config."""
+    The source run is loaded once for all seeds, its model rebuilt from its own config.
+
+    ``kv_heads='mean_pool'``: a key/value projection with more heads in the source than here is mean-pooled into
+    this model's groups (GQA uptraining, :mod:`attn_lab.train.uptrain`); any other shape difference is refused."""
     source = traverse_util.flatten_dict(load_finished_run(path).state["params"])
-    out = []
+    out, pooled = [], set()
     for state in states:
         params = traverse_util.flatten_dict(state["params"])
         for p, v in params.items():
             if p in source and source[p].shape != v.shape:
-                raise ValueError(f"train.init_from: parameter {'/'.join(map(str, p))} is {source[p].shape} in "
-                                 f"{path}, {v.shape} here")
-        out.append({**state, "params": traverse_util.unflatten_dict({p: source.get(p, v) for p, v in params.items()})})
+                if kv_heads == "mean_pool" and uptrain.poolable(p, source[p].shape, v.shape):
+                    pooled.add(p)
+                    continue
+                hint = ("; train.init_kv_heads='mean_pool' pools key/value heads into groups (GQA uptraining)"
+                        if uptrain.is_kv_param(p) and kv_heads == "same" else "")
+                raise RunError(f"train.init_from: parameter {'/'.join(map(str, p))} is {source[p].shape} in "
+                               f"{path}, {v.shape} here{hint}")
+        taken = {p: (uptrain.mean_pool_heads(source[p], v.shape[-2]).astype(source[p].dtype) if p in pooled
+                     else source.get(p, v)) for p, v in params.items()}
+        out.append({**state, "params": traverse_util.unflatten_dict(taken)})
     if verbose:
         new = sorted({"/".join(map(str, p[:2])) for p in params if p not in source})
         print(f"init_from {path}: {sum(p in source for p in params)} of {len(params)} parameter arrays loaded"
+              + (f" ({len(pooled)} key/value arrays mean-pooled into groups)" if pooled else "")
               + (f"; new: {', '.join(new)}" if new else ""), flush=True)
     return out

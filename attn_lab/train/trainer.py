@@ -104,7 +104,7 @@ class Run:
         self.ckpts = [Checkpointer(os.path.join(w, "checkpoints")) for w in self.workdirs]
         states, self.start_step = restore_common(self.ckpts, states, self.main)
         if config.train.init_from and not self.start_step:
-            states = warm_start(config.train.init_from, states, self.main)
+            states = warm_start(config.train.init_from, states, self.main, config.train.init_kv_heads)
         self.state = self.parallel.state(stack(states))  # replicated (or FSDP-sharded) over the devices
         self.environment = environment()  # versions, devices and commit: in results.json and the W&B config
         self.loggers = [MetricLogger(w, c.to_dict() | {"environment": self.environment}, mode=c.wandb.mode,
