@@ -210,7 +210,11 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         sys.exit(f"error: {e}")
     if _EXPORT_WANDB.value:
-        write_sweep_yaml(_EXPORT_WANDB.value, sweep_definition(exp, spec, workdir, extra))
+        try:
+            definition = sweep_definition(exp, spec, workdir, extra)
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        write_sweep_yaml(_EXPORT_WANDB.value, definition)
         print(f"wrote {_EXPORT_WANDB.value}: {len(exp.trials())} trials; run `wandb sweep {_EXPORT_WANDB.value}`, "
               "then `wandb agent <sweep id>` on each machine")
         return 0

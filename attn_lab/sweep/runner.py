@@ -28,7 +28,8 @@ from attn_lab.checks import RunError
 from attn_lab.cli import check_config_overrides
 from attn_lab.io import write_text_atomic
 from attn_lab.markdown import markdown_table
-from attn_lab.sweep.spec import Experiment, Trial, load_config_file
+from attn_lab.sweep.spec import SWEEP_FIELD, Experiment, Trial, load_config_file
+from attn_lab.train.seeds import SEED_FIELD
 from attn_lab.train.workdir import BUSY_EXIT
 
 
@@ -41,17 +42,30 @@ def override_flags(overrides: dict[str, Any]) -> list[str]:
 TRAIN = [sys.executable, "-m", "attn_lab.train"]  # the package's entry point: no scripts/ folder needed
 
 
+def in_sweep(overrides: dict[str, Any], workdir: str, seed: int | None = None) -> dict[str, Any]:
+    """``overrides`` with the sweep's folder in place of ``{sweep}`` (a trial another one starts from), and the seed
+    in place of ``{seed}`` when given (as the trainer fills it in per seed)."""
+    def fill(value: Any) -> Any:
+        if not (isinstance(value, str) and SWEEP_FIELD in value):
+            return value
+        value = value.replace(SWEEP_FIELD, os.path.abspath(workdir))
+        return value if seed is None else value.replace(SEED_FIELD, str(seed))
+    return {k: fill(v) for k, v in overrides.items()}
+
+
 def trial_command(exp: Experiment, trial: Trial, trial_dir: str, extra: list[str]) -> list[str]:
     """The ``python -m attn_lab.train`` command of one trial (W&B group = the sweep's name)."""
+    overrides = in_sweep(trial.overrides, os.path.dirname(trial_dir))
     return [*TRAIN, "--config", exp.config, "--workdir", trial_dir, f"--config.wandb.group={exp.name}",
-            *override_flags(trial.overrides), *extra]
+            *override_flags(overrides), *extra]
 
 
-def trial_config(exp: Experiment, trial: Trial, extra: list[str]) -> dict[str, Any]:
+def trial_config(exp: Experiment, trial: Trial, extra: list[str], workdir: str = "") -> dict[str, Any]:
     """The resolved config the trial's ``python -m attn_lab.train`` runs (base config, the trial's overrides, then
     the pass-through ones), as its config.json records it: what a finished or resumable trial is compared with."""
     config = load_config_file(exp.config)
-    check_config_overrides(config, [*override_flags(trial.overrides), *extra])
+    overrides = in_sweep(trial.overrides, workdir, trial.overrides["seed"])
+    check_config_overrides(config, [*override_flags(overrides), *extra])
     return config.copy_and_resolve_references().to_dict()
 
 
@@ -61,7 +75,7 @@ def check_trials(exp: Experiment, workdir: str, extra: list[str]) -> None:
     the key and both values."""
     for trial in exp.trials():
         try:
-            identity.check_same_run(os.path.join(workdir, trial.name), lambda t=trial: trial_config(exp, t, extra),
+            identity.check_same_run(os.path.join(workdir, trial.name), lambda t=trial: trial_config(exp, t, extra, workdir),
                                     fresh="give the sweep a new --workdir (or move the trial's folder away)")
         except RunError as e:  # an unreadable record, or another config
             raise ValueError(str(e)) from None
@@ -85,7 +99,7 @@ def group_command(exp: Experiment, group: list[Trial], workdir: str, extra: list
     suffix = f"seed={first.overrides['seed']}"
     assert first.name.endswith(suffix), first.name  # the seed is the last axis of every trial name
     template = os.path.join(workdir, first.name[: -len(suffix)] + "seed={seed}")
-    fixed = {k: v for k, v in first.overrides.items() if k != "seed"}
+    fixed = in_sweep({k: v for k, v in first.overrides.items() if k != "seed"}, workdir)
     seeds = ",".join(str(t.overrides["seed"]) for t in group)
     return [*TRAIN, "--config", exp.config, "--workdir", template, "--seeds", seeds,
             f"--config.wandb.group={exp.name}", *override_flags(fixed), *extra]
@@ -250,15 +264,20 @@ def run_sweep(exp: Experiment, trials: list[Trial], workdir: str, *, parallel: i
     and their status is 'interrupted'. A line per trial that starts or ends shows the progress.
     """
     units = seed_groups(trials) if vmap_seeds else [[t] for t in trials]
+    units.sort(key=lambda unit: any(t.after for t in unit))  # (stable) trials that start from others go last
     progress, CHILDREN.signum = Progress(len(trials)), None
     main = threading.current_thread() is threading.main_thread()  # only there can Python take a signal
     previous = {s: signal.signal(s, lambda signum, _: CHILDREN.stop(signum))
                 for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-            futures = [pool.submit(_unit, exp, unit, workdir, list(extra), progress) for unit in units]
+            by_trial: dict[str, concurrent.futures.Future] = {}
+            for unit in units:  # a unit waits for the trials it starts from, submitted before it
+                waits = [by_trial[name] for t in unit for name in t.after if name in by_trial]
+                future = pool.submit(_unit, exp, unit, workdir, list(extra), progress, waits)
+                by_trial |= {t.name: future for t in unit}
             statuses: dict[str, str] = {}
-            for future in futures:
+            for future in dict.fromkeys(by_trial.values()):
                 statuses |= future.result()
     finally:
         for s, handler in previous.items():
@@ -266,10 +285,19 @@ def run_sweep(exp: Experiment, trials: list[Trial], workdir: str, *, parallel: i
     return {t.name: statuses[t.name] for t in trials}, CHILDREN.signum
 
 
-def _unit(exp: Experiment, unit: list[Trial], workdir: str, extra: list[str], progress: Progress) -> dict[str, str]:
-    """One group of trials, with its start and end on the progress lines (not started once the sweep stops)."""
+def _unit(exp: Experiment, unit: list[Trial], workdir: str, extra: list[str], progress: Progress,
+          waits: list[concurrent.futures.Future] = ()) -> dict[str, str]:
+    """One group of trials, with its start and end on the progress lines (not started once the sweep stops, nor
+    when a trial it starts from did not finish)."""
+    before = {name: status for future in waits for name, status in future.result().items()}
     if CHILDREN.signum is not None:
         return {t.name: NOT_RUN for t in unit}
+    missing = {t.name: next((f"failed: starts from {n}, which {before[n]}" for n in t.after
+                             if before.get(n, "ok") not in ("ok", "skipped")), None) for t in unit}
+    if any(missing.values()):
+        statuses = {t.name: missing[t.name] or NOT_RUN for t in unit}
+        progress.ended(statuses, 0)
+        return statuses
     todo = [t for t in unit if not results.is_finished(os.path.join(workdir, t.name))]
     if todo:
         progress.started(todo)

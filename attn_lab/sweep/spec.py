@@ -12,6 +12,9 @@ An experiment file (``experiments/<table>.py``) has ``get_experiment(preset) -> 
   ``num_heads`` with ``head_dim`` for fixed-d_k head-count ablations;
 - ``variants``: ``{'name': {'dotted.key': value, ...}}``, one axis of named settings (``variant=<name>`` in the trial
   name), for tables whose rows are not a product -- e.g. head-count rows, MQA and GQA in one sweep;
+  A variant's value ``'{trial:<variant>}'`` names the trial of that variant at the same point and seed (e.g.
+  ``'train.init_from': '{trial:A-h8}'``: GQA uptrained from each seed's finished 8-head run); such a trial runs
+  once the one it names has finished;
 - ``seeds``: list of seeds (crossed with everything else);
 - ``analyze``: ``{'what': 'ablate,prune', 'metric': 'bleu', ...}``: flags of ``python -m attn_lab.analysis`` (key
   ``max_batches`` -> ``--max-batches``; a list value is written comma-separated), run on every trial once it
@@ -54,14 +57,20 @@ REQUIRED = ("name", "config")
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # shipped configs/
 
 
+TRIAL_REF = re.compile(r"^\{trial:([^{}]+)\}$")  # a variant's value naming another variant's trial
+SWEEP_FIELD = "{sweep}"  # in a resolved reference: the sweep's folder, filled in by the runner
+
+
 @dataclasses.dataclass(frozen=True)
 class Trial:
     """One training run of a sweep: its folder name, the overrides that define it (seed included) and its swept
-    values (``point``: what names it; a variant appears by name, its overrides are in ``overrides``)."""
+    values (``point``: what names it; a variant appears by name, its overrides are in ``overrides``). ``after``:
+    the trials it starts from (``{trial:<variant>}`` references), which must finish first."""
 
     name: str
     overrides: dict[str, Any]
     point: dict[str, Any] = dataclasses.field(default_factory=dict)
+    after: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,14 +88,20 @@ class Experiment:
     judge: str = "registered"  # tables: judge the design registered in sweep.json, or 'current': the file's own
 
     def trials(self) -> list[Trial]:
-        """Every combination of the axes and seeds, named from its swept values."""
+        """Every combination of the axes and seeds, named from its swept values; a ``{trial:<variant>}`` value
+        becomes that trial's folder (``{sweep}/<name with seed={seed}>``, filled in per run) and its ``after``."""
         out = []
         for combo in itertools.product(*self.axes, [{"seed": s} for s in self.seeds]):
             point = {k: v for part in combo for k, v in part.items()}
-            name = ",".join(f"{k.split('.')[-1]}={_text(v)}" for k, v in point.items())
             overrides = {**self.overrides, **self.variants.get(point.get("variant"), {}),
                          **{k: v for k, v in point.items() if k != "variant"}}
-            out.append(Trial(name=re.sub(r"[^\w=,.+-]", "_", name), overrides=overrides, point=point))
+            refs = {k: TRIAL_REF.match(v).group(1) for k, v in overrides.items()
+                    if isinstance(v, str) and TRIAL_REF.match(v)}
+            after = tuple(dict.fromkeys(_trial_name({**point, "variant": r}) for r in refs.values()))
+            for key, ref in refs.items():  # the named trial's folder, its seed left to each run
+                seed_suffix = f"seed={point['seed']}"
+                overrides[key] = f"{SWEEP_FIELD}/{_trial_name({**point, 'variant': ref})[:-len(seed_suffix)]}seed={{seed}}"
+            out.append(Trial(name=_trial_name(point), overrides=overrides, point=point, after=after))
         return out
 
     def swept_keys(self) -> list[str]:
@@ -109,6 +124,25 @@ class Experiment:
                     raise ValueError(f"--config.{key}={value}: '{varied}' is varied by this sweep ({where}); an "
                                      "override of it would change those trials while the tables show the swept "
                                      "values -- change the experiment file instead")
+
+
+def _trial_name(point: dict[str, Any]) -> str:
+    """A trial's folder name from its swept values (the seed last)."""
+    return re.sub(r"[^\w=,.+-]", "_", ",".join(f"{k.split('.')[-1]}={_text(v)}" for k, v in point.items()))
+
+
+def _check_refs(path: str, variants: dict[str, dict[str, Any]]) -> None:
+    """Each ``{trial:<variant>}`` names another variant, one that starts from no trial itself (no chains, no
+    cycles), in one line otherwise."""
+    starts = {name for name, ov in variants.items() if any(isinstance(v, str) and TRIAL_REF.match(v)
+                                                             for v in ov.values())}
+    for name, ov in variants.items():
+        for key, value in ov.items():
+            ref = TRIAL_REF.match(value).group(1) if isinstance(value, str) and TRIAL_REF.match(value) else None
+            if ref is not None and (ref not in variants or ref in starts):
+                why = "no such variant" if ref not in variants else "it starts from a trial itself"
+                raise ValueError(f"{path}: variant '{name}': {key}={value!r}: {why}; name a variant that trains "
+                                 f"from scratch ({', '.join(v for v in variants if v not in starts)})")
 
 
 def _text(value: Any) -> str:
@@ -179,6 +213,7 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
         if not variants:
             _empty(path, "variants")
         axes.append([{"variant": name} for name in variants])
+    _check_refs(path, variants)
     variant_keys = [k for ov in variants.values() for k in ov]
     for key in [*raw.get("overrides", {}), *(k for axis in axes for k in axis[0] if k != "variant"), *variant_keys]:
         _check_key(base, key, path)

@@ -27,7 +27,12 @@ def _plain(value: Any) -> Any:
 
 
 def sweep_definition(exp: Experiment, spec: str, workdir: str, extra: list[str] = ()) -> dict[str, Any]:
-    """The W&B sweep config (method grid) of ``exp``; ``spec`` is the experiment argument, e.g. 'x.py:quick'."""
+    """The W&B sweep config (method grid) of ``exp``; ``spec`` is the experiment argument, e.g. 'x.py:quick'.
+    Refused (one ValueError line) when a trial starts from another: W&B agents run trials in any order."""
+    ordered = next((t for t in exp.trials() if t.after), None)
+    if ordered is not None:
+        raise ValueError(f"--export-wandb: trial {ordered.name} starts from {ordered.after[0]} (a '{{trial:...}}' "
+                         "value), which W&B agents cannot order; run this experiment with attn_lab.sweep")
     parameters = {}
     for axis in exp.axes:
         keys = list(axis[0])

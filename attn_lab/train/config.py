@@ -47,6 +47,7 @@ from attn_lab.data.tasks import ResolvedTask, resolve
 from attn_lab.models import attention_kinds, model_class, parse_head_mask
 from attn_lab.models.transformer import attention_spec
 from attn_lab.train.logging import check_wandb_mode
+from attn_lab.train.seeds import SEED_FIELD
 
 
 def choice(*options: str) -> Rule:
@@ -83,7 +84,7 @@ SECTIONS: dict[str, dict[str, tuple[Any, Rule | None]]] = {
                                 lambda v: v > 0)),
         "log_every": (50, POSITIVE_INT), "eval_every": (500, POSITIVE_INT), "checkpoint_every": (500, POSITIVE_INT),
         "max_eval_batches": (None, OPTIONAL_POSITIVE_INT),
-        "init_from": (None, OPTIONAL_STR),  # a finished run's folder: start from its parameters
+        "init_from": (None, OPTIONAL_STR),  # a finished run's folder: start from its parameters ({seed}: per seed)
         # 'mean_pool': init_from's key/value heads mean-pooled into this model's groups (attn_lab/train/uptrain.py)
         "init_kv_heads": ("same", choice("same", "mean_pool")),
     },
@@ -316,9 +317,11 @@ def check_workdirs(workdirs: list[str]) -> None:
 
 def _check_paths(config: Any, task: ResolvedTask) -> None:
     """Every path the run reads or writes besides its workdir: init_from, the compile cache and the data."""
-    if config.train.init_from is not None and not os.path.isdir(os.path.join(config.train.init_from, "checkpoints")):
+    per_seed = config.train.init_from is not None and SEED_FIELD in config.train.init_from  # checked per seed later
+    if (config.train.init_from is not None and not per_seed
+            and not os.path.isdir(os.path.join(config.train.init_from, "checkpoints"))):
         raise ValueError(f"train.init_from='{config.train.init_from}' is not a run folder with checkpoints")
-    if config.train.init_kv_heads == "mean_pool":
+    if config.train.init_kv_heads == "mean_pool" and not per_seed:
         _check_kv_pooling(config)
     if config.compile_cache:
         try:

@@ -35,7 +35,7 @@ from attn_lab.train.logging import MetricLogger
 from attn_lab.train.loop import LoopStats, speed, train_loop
 from attn_lab.train.parallel import DataParallel, main_process_first
 from attn_lab.train.restore import warm_start
-from attn_lab.train.seeds import seed_map, stack, unstack
+from attn_lab.train.seeds import SEED_FIELD, seed_map, stack, unstack
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, merge, model_state
 from attn_lab.train.workdir import lock_workdirs
 
@@ -104,7 +104,7 @@ class Run:
         self.ckpts = [Checkpointer(os.path.join(w, "checkpoints")) for w in self.workdirs]
         states, self.start_step = restore_common(self.ckpts, states, self.main)
         if config.train.init_from and not self.start_step:
-            states = warm_start(config.train.init_from, states, self.main, config.train.init_kv_heads)
+            states = _warm_starts(self.configs, states, self.main)
         self.state = self.parallel.state(stack(states))  # replicated (or FSDP-sharded) over the devices
         self.environment = environment()  # versions, devices and commit: in results.json and the W&B config
         self.loggers = [MetricLogger(w, c.to_dict() | {"environment": self.environment}, mode=c.wandb.mode,
@@ -239,10 +239,23 @@ def use_compile_cache(path: str | None) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)  # skip trivial programs
 
 
+def _warm_starts(configs: Sequence[Any], states: list[dict], verbose: bool) -> list[dict]:
+    """Each seed's state warm-started from its own ``train.init_from`` (one load per distinct source run)."""
+    out = list(states)
+    for source in dict.fromkeys(c.train.init_from for c in configs):
+        idx = [i for i, c in enumerate(configs) if c.train.init_from == source]
+        for i, state in zip(idx, warm_start(source, [states[i] for i in idx], verbose,
+                                            configs[idx[0]].train.init_kv_heads)):
+            out[i] = state
+    return out
+
+
 def _with_seed(config: Any, seed: int, num_seeds: int) -> Any:
     """A copy of ``config`` for one seed (a W&B display name gets a ``-seed<N>`` suffix when seeds share it)."""
     c = config.copy_and_resolve_references()
     c.seed = seed
+    if c.train.init_from and SEED_FIELD in c.train.init_from:  # each seed from its own run (a sweep's uptraining)
+        c.train.init_from = c.train.init_from.replace(SEED_FIELD, str(seed))
     if c.wandb.name and num_seeds > 1:
         c.wandb.name = f"{c.wandb.name}-seed{seed}"
     return c
@@ -289,8 +302,8 @@ def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *, s
         if not todo:
             return done
         if config.train.init_from and not any(identity.has_checkpoint(workdirs[i]) for i in todo):
-            identity.check_finished(config.train.init_from, f"train.init_from='{config.train.init_from}'",
-                                    allow_unfinished)
+            for source in dict.fromkeys(configs[i].train.init_from for i in todo):  # per seed with a {seed} template
+                identity.check_finished(source, f"train.init_from='{source}'", allow_unfinished)
         try:
             trained = _train(config, [workdirs[i] for i in todo], [seeds[i] for i in todo], stop_after)
         except FinishedMeanwhile:  # another process finished one of them while this one loaded: check again

@@ -1,0 +1,91 @@
+"""Sweeps whose trials start from other trials (``'{trial:<variant>}'``): GQA uptrained from each seed's own
+finished multi-head run, run in order, resumed by identity, refused where it cannot hold."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attn_lab.sweep.runner import trial_command, trial_config
+from attn_lab.sweep.spec import load_experiment
+from tests.test_sweep import BASE, _experiment
+
+TINY = {"task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
+        "model.num_heads": 4, "train.batch_size": 16, "train.log_every": 2, "train.max_eval_batches": 1,
+        "wandb.mode": "disabled"}
+UPTRAIN = {"model.num_kv_heads": 2, "train.init_from": "{trial:mha}", "train.init_kv_heads": "mean_pool"}
+
+
+def _body(seeds=(0, 1), **variants):
+    return {**BASE, "overrides": TINY, "seeds": list(seeds),
+            "variants": variants or {"mha": {}, "gqa_up": UPTRAIN}}
+
+
+def test_a_reference_names_the_same_seed_s_trial_and_orders_it(tmp_path):
+    exp = load_experiment(_experiment(tmp_path, _body()))
+    trials = {t.name: t for t in exp.trials()}
+    up = trials["variant=gqa_up,seed=1"]
+    assert up.after == ("variant=mha,seed=1",) and trials["variant=mha,seed=1"].after == ()
+    assert up.overrides["train.init_from"] == "{sweep}/variant=mha,seed={seed}"
+    runs = str(tmp_path / "runs")
+    cmd = trial_command(exp, up, os.path.join(runs, up.name), [])
+    assert f"--config.train.init_from={os.path.abspath(runs)}/variant=mha,seed={{seed}}" in cmd  # the trainer fills it
+    recorded = trial_config(exp, up, [], runs)["train"]["init_from"]  # what its config.json will hold
+    assert recorded == os.path.join(os.path.abspath(runs), "variant=mha,seed=1")
+
+
+@pytest.mark.parametrize("variants,message", [
+    ({"mha": {}, "up": {"train.init_from": "{trial:nope}"}}, "variant 'up': train.init_from='{trial:nope}': no such "
+                                                             "variant; name a variant that trains from scratch (mha)"),
+    ({"mha": {}, "a": {"train.init_from": "{trial:mha}"}, "b": {"train.init_from": "{trial:a}"}},
+     "variant 'b': train.init_from='{trial:a}': it starts from a trial itself"),
+    ({"a": {"train.init_from": "{trial:a}"}}, "variant 'a': train.init_from='{trial:a}': it starts from a trial"),
+])
+def test_a_reference_to_no_variant_or_a_chain_is_one_line(tmp_path, variants, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_experiment(_experiment(tmp_path, _body(**variants)))
+
+
+def test_wandb_export_refuses_trials_that_must_run_in_order(tmp_path):
+    path = _experiment(tmp_path, _body())
+    proc = subprocess.run([sys.executable, "-m", "attn_lab.sweep", "--experiment", path, "--workdir",
+                           str(tmp_path / "runs"), "--export-wandb", str(tmp_path / "s.yaml")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and not (tmp_path / "s.yaml").exists()
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: --export-wandb: trial variant=gqa_up,seed=0 starts from variant=mha,seed=0 (a '{trial:...}' value), "
+        "which W&B agents cannot order; run this experiment with attn_lab.sweep")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vmap", [True, False])
+def test_uptraining_trials_run_after_their_sources_and_resume_by_identity(tmp_path, vmap):
+    """Listed first, the uptrained rows still run after the runs they pool (2 processes at once); each seed starts
+    from its own seed's run; a rerun trains nothing; a source that failed leaves its uptrained trial failed with
+    the reason."""
+    variants = {"gqa_up": {**UPTRAIN, "train.num_steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2},
+                "mha": {"train.num_steps": 4, "train.eval_every": 4, "train.checkpoint_every": 4}}
+    path = _experiment(tmp_path, _body(**variants))
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "attn_lab.sweep", "--experiment", path, "--workdir", str(runs), "--parallel", "2",
+           f"--config.task.data_dir={tmp_path / 'data'}", *(["--vmap-seeds"] if vmap else [])]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    for seed in (0, 1):
+        up = json.load(open(runs / f"variant=gqa_up,seed={seed}" / "results.json"))
+        assert up["config"]["train"]["init_from"] == str(runs / f"variant=mha,seed={seed}") and up["steps"] == 2
+        assert up["config"]["model"]["num_kv_heads"] == 2 and up["config"]["seed"] == seed
+        source = os.path.getmtime(runs / f"variant=mha,seed={seed}" / "results.json")
+        assert os.path.getmtime(runs / f"variant=gqa_up,seed={seed}" / "config.json") >= source
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0 and second.stdout.count(": skipped") == 4, second.stdout + second.stderr
+    for seed in (0, 1):  # a source that can no longer train: its uptrained trial says why and never starts
+        for name in (f"variant=gqa_up,seed={seed}", f"variant=mha,seed={seed}"):
+            os.rename(runs / name, tmp_path / f"old-{name}")
+    (runs / "variant=mha,seed=0").mkdir()
+    (runs / "variant=mha,seed=0" / "checkpoints").write_text("")  # not a folder: the source fails at once
+    third = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert third.returncode != 0
+    assert "variant=gqa_up,seed=0: failed: starts from variant=mha,seed=0, which failed" in third.stdout
