@@ -87,8 +87,11 @@ def test_uptraining_starts_from_the_pooled_checkpoint_and_trains(source_run, dat
 def test_uptraining_mistakes_are_one_line(source_run, data_dir, tmp_path):
     with pytest.raises(ValueError, match="train.init_kv_heads='mean_pool' needs train.init_from"):
         validate_config(_grouped(data_dir, None, 2))
-    with pytest.raises(ValueError, match="has 4 key/value heads and this model.num_kv_heads=4; pooling needs fewer"):
+    with pytest.raises(ValueError, match="has 4 key/value heads in encoder_self and this model 4; pooling needs fewer"):
         validate_config(_grouped(data_dir, source_run, 4))
+    cross_only = _grouped(data_dir, source_run, None)  # one kind grouped is enough
+    cross_only.model.kinds.cross.num_kv_heads = 2
+    validate_config(cross_only)
     with pytest.raises(ValueError, match="train.init_kv_heads="):
         validate_config(_grouped(data_dir, source_run, 2, mode="first"))
     c = _grouped(data_dir, source_run, 2, mode="same")  # shapes differ and nothing says to pool them

@@ -322,7 +322,7 @@ def _check_paths(config: Any, task: ResolvedTask) -> None:
             and not os.path.isdir(os.path.join(config.train.init_from, "checkpoints"))):
         raise ValueError(f"train.init_from='{config.train.init_from}' is not a run folder with checkpoints")
     if config.train.init_kv_heads == "mean_pool" and not per_seed:
-        _check_kv_pooling(config)
+        _check_kv_pooling(config, task)
     if config.compile_cache:
         try:
             check_writable(config.compile_cache, "compile_cache")
@@ -337,20 +337,24 @@ def _check_paths(config: Any, task: ResolvedTask) -> None:
         raise ValueError(f"{e}, and task '{config.task.name}' is not prepared there (preparing writes it)") from None
 
 
-def _check_kv_pooling(config: Any) -> None:
-    """GQA uptraining pools a finished run's key/value heads into fewer groups: it needs that run, and its head
-    count a multiple of this model's (checked from its config.json, before this run builds anything)."""
+def _check_kv_pooling(config: Any, task: ResolvedTask) -> None:
+    """GQA uptraining pools a finished run's key/value heads into fewer groups: it needs that run, and per attention
+    kind of this model its key/value head count a multiple of this one's, larger for at least one kind (checked
+    from its config.json, before this run builds anything)."""
     from attn_lab.results import read_config
 
     if config.train.init_from is None:
         raise ValueError("train.init_kv_heads='mean_pool' needs train.init_from (the finished multi-head run whose "
                          "key/value heads it pools)")
-    source = read_config(config.train.init_from)["model"]
-    have = source.get("num_kv_heads") or source["num_heads"]
-    want = config.model.num_kv_heads or config.model.num_heads
-    if have <= want or have % want:
-        raise ValueError(f"train.init_kv_heads='mean_pool': {config.train.init_from} has {have} key/value heads and "
-                         f"this model.num_kv_heads={want}; pooling needs fewer groups here, dividing {have}")
+    source, m = read_config(config.train.init_from)["model"], config.model
+    pairs = {kind: ((source.get("kinds", {}).get(kind, {}).get("num_kv_heads") or source.get("num_kv_heads")
+                     or source["num_heads"]), m.kinds[kind].num_kv_heads or m.num_kv_heads or m.num_heads)
+             for kind in model_class(task.kind, m.name).ATTENTION}
+    bad = next(((k, h, w) for k, (h, w) in pairs.items() if h < w or h % w), None)
+    if bad is not None or all(h == w for h, w in pairs.values()):
+        kind, have, want = bad or next((k, h, w) for k, (h, w) in pairs.items())
+        raise ValueError(f"train.init_kv_heads='mean_pool': {config.train.init_from} has {have} key/value heads in "
+                         f"{kind} and this model {want}; pooling needs fewer groups here, dividing {have}")
 
 
 def unused_kernel_options(config: Any) -> list[str]:
