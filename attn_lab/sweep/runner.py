@@ -75,7 +75,8 @@ def check_trials(exp: Experiment, workdir: str, extra: list[str]) -> None:
     the key and both values."""
     for trial in exp.trials():
         try:
-            identity.check_same_run(os.path.join(workdir, trial.name), lambda t=trial: trial_config(exp, t, extra, workdir),
+            identity.check_same_run(os.path.join(workdir, trial.name),
+                                    lambda t=trial: trial_config(exp, t, extra, workdir),
                                     fresh="give the sweep a new --workdir (or move the trial's folder away)")
         except RunError as e:  # an unreadable record, or another config
             raise ValueError(str(e)) from None

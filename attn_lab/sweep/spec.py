@@ -100,7 +100,8 @@ class Experiment:
             after = tuple(dict.fromkeys(_trial_name({**point, "variant": r}) for r in refs.values()))
             for key, ref in refs.items():  # the named trial's folder, its seed left to each run
                 seed_suffix = f"seed={point['seed']}"
-                overrides[key] = f"{SWEEP_FIELD}/{_trial_name({**point, 'variant': ref})[:-len(seed_suffix)]}seed={{seed}}"
+                source = _trial_name({**point, 'variant': ref})[:-len(seed_suffix)]
+                overrides[key] = f"{SWEEP_FIELD}/{source}seed={{seed}}"
             out.append(Trial(name=_trial_name(point), overrides=overrides, point=point, after=after))
         return out
 

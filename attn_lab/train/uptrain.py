@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 KV_MODES = ("same", "mean_pool")
-# A projection whose head axis pooling may shrink: LinearGeneral kernels [in, heads, head_dim], biases [heads, head_dim].
+# Projections whose head axis pooling may shrink: LinearGeneral kernels [in, heads, head_dim], biases [heads, dim].
 KV_PARAMS = ("key", "value")
 
 

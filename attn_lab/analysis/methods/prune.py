@@ -1,8 +1,8 @@
 """``--what=prune``: iterative head pruning (Michel et al. 2019): remove --prune-fraction of all heads per step in
 each --prune-orders order (importance, reverse, random, importance_raw), scoring --metric after every step; the
 random curve is the mean of --random-orders orders drawn from the run's seed. ``--finetune-steps`` trains a derived
-run after each step (``analysis/finetune/<order>/step<k>``; ``random/order<r>/step<k>`` per random order). Writes prune.json, prune.png (the curves) and one
-logged step per pruning step."""
+run after each step (``analysis/finetune/<order>/step<k>``; ``random/order<r>/step<k>`` per random order). Writes
+prune.json, prune.png (the curves) and one logged step per pruning step."""
 
 from __future__ import annotations
 
