@@ -2,6 +2,8 @@
 groups by ``train.init_from`` + ``train.init_kv_heads='mean_pool'``; checked by value against the mean written out
 here, against the multi-head module itself, and on a finished run."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -99,3 +101,24 @@ def test_uptraining_mistakes_are_one_line(source_run, data_dir, tmp_path):
     with pytest.raises(RunError, match=r"parameter \S+/(key|value)/(kernel|bias) is \((32, )?4, 8\) in .*, "
                                        r"\((32, )?2, 8\) here; train.init_kv_heads='mean_pool' pools"):
         Run(c, str(tmp_path / "refused"))
+
+
+def test_vmapped_seeds_each_start_from_their_own_seed_s_run(source_run, data_dir, tmp_path):
+    """``train.init_from`` with ``{seed}`` (a sweep's '{trial:...}'): seed i's state is pooled from seed i's run,
+    not from the first one's."""
+    (tmp_path / "src").mkdir()
+    os.symlink(source_run, tmp_path / "src" / "seed=0")
+    other = tiny_numbers(data_dir)
+    other.wandb.mode, other.seed = "disabled", 1
+    train_and_evaluate(other, str(tmp_path / "src" / "seed=1"))
+    c = _grouped(data_dir, str(tmp_path / "src" / "seed={seed}"), 2)
+    validate_config(c)
+    run = Run(c, [str(tmp_path / "a"), str(tmp_path / "b")], seeds=[0, 1])
+    ours = run.state["params"]["encoder"]["blocks"][0]["self_attn"]["key"]["kernel"]  # [S, d, 2, h]
+    for i in (0, 1):
+        source = load_finished_run(str(tmp_path / "src" / f"seed={i}")).state["params"]
+        kernel = np.asarray(source["encoder"]["blocks"][0]["self_attn"]["key"]["kernel"])
+        np.testing.assert_allclose(ours[i], (kernel[:, 0::2] + kernel[:, 1::2]) / 2, rtol=1e-6)
+    assert not np.allclose(ours[0], ours[1])  # two different sources
+    assert [cfg.train.init_from for cfg in run.configs] == [str(tmp_path / "src" / f"seed={i}") for i in (0, 1)]
+    run.close()
