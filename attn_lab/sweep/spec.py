@@ -95,12 +95,11 @@ class Experiment:
             point = {k: v for part in combo for k, v in part.items()}
             overrides = {**self.overrides, **self.variants.get(point.get("variant"), {}),
                          **{k: v for k, v in point.items() if k != "variant"}}
-            refs = {k: TRIAL_REF.match(v).group(1) for k, v in overrides.items()
-                    if isinstance(v, str) and TRIAL_REF.match(v)}
+            refs = {k: _ref(v) for k, v in overrides.items() if _ref(v) is not None}
             after = tuple(dict.fromkeys(_trial_name({**point, "variant": r}) for r in refs.values()))
+            seed_suffix = f"seed={point['seed']}"
             for key, ref in refs.items():  # the named trial's folder, its seed left to each run
-                seed_suffix = f"seed={point['seed']}"
-                source = _trial_name({**point, 'variant': ref})[:-len(seed_suffix)]
+                source = _trial_name({**point, "variant": ref})[:-len(seed_suffix)]
                 overrides[key] = f"{SWEEP_FIELD}/{source}seed={{seed}}"
             out.append(Trial(name=_trial_name(point), overrides=overrides, point=point, after=after))
         return out
@@ -132,14 +131,19 @@ def _trial_name(point: dict[str, Any]) -> str:
     return re.sub(r"[^\w=,.+-]", "_", ",".join(f"{k.split('.')[-1]}={_text(v)}" for k, v in point.items()))
 
 
+def _ref(value: Any) -> str | None:
+    """The variant a ``'{trial:<variant>}'`` value names; None for any other value."""
+    match = TRIAL_REF.match(value) if isinstance(value, str) else None
+    return match.group(1) if match else None
+
+
 def _check_refs(path: str, variants: dict[str, dict[str, Any]]) -> None:
     """Each ``{trial:<variant>}`` names another variant, one that starts from no trial itself (no chains, no
     cycles), in one line otherwise."""
-    starts = {name for name, ov in variants.items() if any(isinstance(v, str) and TRIAL_REF.match(v)
-                                                             for v in ov.values())}
+    starts = {name for name, ov in variants.items() if any(_ref(v) is not None for v in ov.values())}
     for name, ov in variants.items():
         for key, value in ov.items():
-            ref = TRIAL_REF.match(value).group(1) if isinstance(value, str) and TRIAL_REF.match(value) else None
+            ref = _ref(value)
             if ref is not None and (ref not in variants or ref in starts):
                 why = "no such variant" if ref not in variants else "it starts from a trial itself"
                 raise ValueError(f"{path}: variant '{name}': {key}={value!r}: {why}; name a variant that trains "
