@@ -1,6 +1,9 @@
-"""Head-diversity regularizers (Li et al. 2018; a map-cosine hinge) against the baseline, on numbers translation.
+"""Head-diversity regularizers (Li et al. 2018; a map-cosine hinge) against the baseline, on numbers translation
+and (preset 'lm') on a decoder-only language model.
 
   python scripts/sweep.py --experiment experiments/diversity.py:quick --workdir runs/diversity --vmap-seeds
+  python scripts/sweep.py --experiment experiments/diversity.py:lm --workdir runs/diversity_lm --vmap-seeds \
+      --parallel 2
   python scripts/make_tables.py --workdir runs/diversity
 
 Per variant: BLEU and exact match, the mean pairwise similarity of head attention maps (the analysis' diagnose),
@@ -23,11 +26,18 @@ from attn_lab.reporting.verdicts import Design, Finding, variant_verdicts
 # loss (attn_lab/train/diversity.py; tests/test_diversity_scale.py). map_cosine: source article 002's hinge
 # sum_{i<j} relu(cos(A_i, A_j) - 0.5) at its weight 0.01.
 WEIGHTS = {"map_cosine": 0.01, "subspace": 1.0, "position": 1.0, "output": 1.0}
+# The 'lm' preset: each term at 0.1, the top of the 0.01-0.1 range diversity terms are used at (source article
+# 002's hinge: 0.01); at 1.0 the Li et al. terms cost the numbers model 0.3-0.6 exact match (the quick pilot), a
+# price, not a regularizer. The hinge stays at its article's 0.01.
+LM_WEIGHTS = {"map_cosine": 0.01, "subspace": 0.1, "position": 0.1, "output": 0.1}
 
 
 def get_experiment(preset: str = "quick") -> dict:
     """'quick': baseline + the three Li et al. regularizers (subspace, position, output) at lambda = 1 and the
     map-cosine hinge at 0.01, 150 steps;
+    'lm': the baseline and the four terms at LM_WEIGHTS on bible_lm (decoder-only, 2 layers x 8 heads, d_model 64,
+    400 steps), judged in test loss (nats), 5 seeds: the head-count LM's pairing (correlation ~0.97 between rows)
+    leaves per-seed sds of 0.003-0.01 nats, so a 0.02-nat gain is decidable where exact match at 150 steps is not;
     'full': every regularizer, full numbers runs, 5 seeds; 'gpu': the three on the full bible model, 3 seeds.
 
     Why 150 steps: at 300 (the earlier quick preset) the baseline's exact match was at the task's ceiling (~0.95),
@@ -42,6 +52,11 @@ def get_experiment(preset: str = "quick") -> dict:
                 "overrides": {"train.num_steps": 150, "train.eval_every": 150, "train.checkpoint_every": 150},
                 "variants": variants, "seeds": VERDICT_SEEDS, "analyze": analyze,
                 "design": design(QUICK_SD, names, QUICK_EFFECT)}
+    if preset == "lm":  # decoder self-attention only; pruning scored by teacher-forced token accuracy
+        lm = {"baseline": {}} | {n: {f"loss.diversity.{n}.weight": w} for n, w in LM_WEIGHTS.items()}
+        return {"name": "diversity_lm", "config": "configs/bible_lm.py:quick", "variants": lm,
+                "seeds": VERDICT_SEEDS, "analyze": analyze | {"metric": "accuracy"},
+                "design": Design.of(FINDINGS_LM, LM_SD, LM_PILOT, PILOT_SEEDS, effect=LM_EFFECT)}
     if preset == "full":
         return {"name": "diversity_full", "config": "configs/numbers.py",
                 "variants": variants, "seeds": [0, 1, 2, 3, 4], "analyze": analyze | {"max_batches": 8},
@@ -49,7 +64,7 @@ def get_experiment(preset: str = "quick") -> dict:
     if preset == "gpu":
         return {"name": "diversity_gpu", "config": "configs/bible.py", "variants": variants, "seeds": [0, 1, 2],
                 "analyze": analyze | {"max_batches": 8}, "design": design(rows=names)}
-    raise ValueError(f"unknown preset '{preset}' for experiments/diversity.py; use quick, full or gpu")
+    raise ValueError(f"unknown preset '{preset}' for experiments/diversity.py; use quick, lm, full or gpu")
 
 
 # --- published numbers (Li et al. 2018) --------------------------------------------------------------------------
@@ -74,6 +89,20 @@ QUICK_SD = {"subspace": 0.186, "position": 0.085, "output": 0.104, "map_cosine":
 QUICK_EFFECT = {"subspace": -0.341, "position": -0.615, "output": -0.449, "map_cosine": -0.019}  # its mean diffs
 VERDICT_SEEDS = [100, 101, 102, 103, 104]
 
+# The 'lm' preset: each term against the baseline, paired by seed, in minus the test loss (nats); a margin of 0.02
+# nats (2% perplexity) is the smallest gain that counts (Li et al.'s +0.7-0.9 BLEU is about 3% relative).
+LM_METRIC, LM_MARGIN = "test_loss", 0.02
+FINDINGS_LM = {name: Finding(f"the {name} disagreement regularizer improves quality (Li et al. 2018; weight "
+                             f"{LM_WEIGHTS[name]})", "en-de base 27.64 -> 28.51 BLEU", "up", LM_MARGIN)
+               for name in ("subspace", "position", "output")}
+FINDINGS_LM["map_cosine"] = Finding("the map-cosine hinge improves quality (source article 002; weight 0.01)",
+                                    "+0.3 GLUE average (unverified)", "up", LM_MARGIN)
+# Pilot: python scripts/sweep.py --experiment experiments/diversity.py:lm --workdir runs/pilot/diversity_lm \
+#   --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 && python scripts/make_tables.py --workdir runs/pilot/diversity_lm
+LM_PILOT = "experiments/diversity.py:lm --seeds 0,1,2,3,4 (docs/diversity.md, pilot)"
+LM_SD = None  # the pilot's 'sd: run' column, once it ran (None: every finding exploratory)
+LM_EFFECT = None  # its mean differences
+
 
 def design(sd: dict | None = None, rows=FINDINGS, effect: dict | None = None) -> Design:
     """The findings of the preset's ``rows`` with what its pilot measured (None: no pilot at that preset: the
@@ -85,6 +114,13 @@ def _metric(row: dict) -> str:
     return "test_bleu" if "test_bleu" in row else "test_accuracy"
 
 
+def _quality(group: list[dict], lm: bool) -> str:
+    """The table's quality cell: test perplexity for a language model, else BLEU (or accuracy)."""
+    if lm:
+        return mean_std([float(np.exp(v)) for v in column(group, "test_loss")], 3)
+    return mean_std(column(group, _metric(group[0]) if group else "test_accuracy"), 3)
+
+
 def _prunable_within(curve: list[dict], margin: float) -> float:
     """Largest % of heads pruned (importance order) with the score still within ``margin`` of the full model's."""
     base = curve[0]["score"]
@@ -93,26 +129,29 @@ def _prunable_within(curve: list[dict], margin: float) -> float:
 
 
 def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
-    """Li et al. style: each regularizer vs the baseline -- metric, head similarity, robustness to pruning (the share
-    of heads prunable within 1 BLEU, and the metric after the first pruning step, both in importance order)."""
+    """Li et al. style: each regularizer vs the baseline -- quality, head similarity, robustness to pruning (the
+    share of heads prunable within 1 BLEU / 0.01 accuracy, and the metric after the first pruning step, both in
+    importance order). A language model ('lm') shows perplexity and is judged in test loss."""
+    lm = bool(rows) and not any("test_exact_match" in r for r in rows)
     body, first, status = [], None, []
     for variant, g, state in every_variant(rows):
-        metric = _metric(g[0]) if g else "test_accuracy"
         status.append(state)
         diag = analyses(sweep_dir, g, "diagnose")
         sims = [np.mean([v["mean_similarity"] for v in d.values()]) for d in diag]
         prune = analyses(sweep_dir, g, "prune")
         margin = 1.0 if prune and prune[0].get("metric") == "bleu" else 0.01
         first = first or (prune[0]["importance"][1]["percent"] if prune else None)
-        body.append([variant, mean_std(column(g, metric), 3), mean_std(column(g, "test_exact_match"), 3),
+        body.append([variant, _quality(g, lm), mean_std(column(g, "test_accuracy" if lm else "test_exact_match"), 3),
                      mean_std(sims, 3), mean_std([_prunable_within(p["importance"], margin) for p in prune], 0),
                      mean_std([p["importance"][1]["score"] for p in prune], 2)])
     li = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in LI_DIVERSITY.items())
-    header, body = with_status(["variant", "BLEU / accuracy", "exact match", "mean head map similarity",
-                                "% heads prunable within 1 BLEU", f"metric with {first or 0:.1f}% of heads pruned"],
-                               body, status)
+    quality = ["test perplexity", "token accuracy"] if lm else ["BLEU / accuracy", "exact match"]
+    header, body = with_status(["variant", *quality, "mean head map similarity",
+                                f"% heads prunable within {'0.01 accuracy' if lm else '1 BLEU'}",
+                                f"metric with {first or 0:.1f}% of heads pruned"], body, status)
     groups = {variant: g for variant, g, _ in every_variant(rows)}
-    judged = variant_verdicts(groups, "baseline", exp, sweep_dir, METRIC, "test exact match")
+    judged = (variant_verdicts(groups, "baseline", exp, sweep_dir, LM_METRIC, "minus the test loss (nats)", sign=-1)
+              if lm else variant_verdicts(groups, "baseline", exp, sweep_dir, METRIC, "test exact match"))
     return [Table("Head diversity", header, body,
                   f"Li et al. 2018 (disagreement regularization, BLEU base -> regularized): {li}."),
             *([judged] if judged else []), *unfinished_table(rows)]
