@@ -1,6 +1,8 @@
-"""Head importance and pruning (Michel et al. 2019) and L0 gates (Voita et al. 2019) on numbers translation.
+"""Head importance and pruning (Michel et al. 2019) and L0 gates (Voita et al. 2019) on numbers translation, and
+(preset 'lm') Michel et al.'s claims on a decoder-only language model in log-likelihood.
 
   python scripts/sweep.py --experiment experiments/pruning.py:quick --workdir runs/pruning --vmap-seeds
+  python scripts/sweep.py --experiment experiments/pruning.py:lm --workdir runs/pruning_lm --vmap-seeds
   python scripts/make_tables.py --workdir runs/pruning
 
 Trains the baseline (one trial per seed), then runs the head analysis (``python -m attn_lab.analysis``, flags from
@@ -26,7 +28,9 @@ from attn_lab.reporting.verdicts import Design, Finding, verdict_table
 
 def get_experiment(preset: str = "quick") -> dict:
     """'quick': the numbers quick model (4 heads x 2 layers x 3 kinds) trained 200 steps, 5 seeds, exact match by
-    greedy decoding; 'full': the numbers model with 8 heads, BLEU; 'gpu': the full bible model, BLEU, 3 seeds.
+    greedy decoding; 'lm': bible_lm (decoder-only, 2 layers x 8 heads, 400 steps), 5 seeds, ablations and pruning
+    curves scored in mean token log-likelihood (nats; perplexity is exp(-value)), one head per step, no gates;
+    'full': the numbers model with 8 heads, BLEU; 'gpu': the full bible model, BLEU, 3 seeds.
 
     Why 200 steps: at 600 (the earlier quick preset) the baseline's exact match sat near its ceiling, where any
     pruning order looks alike for the first steps; at 200 it is about 0.8 (the head-count probe, 5 seeds), so both
@@ -40,6 +44,11 @@ def get_experiment(preset: str = "quick") -> dict:
                 "overrides": {"train.num_steps": 200, "train.eval_every": 200, "train.checkpoint_every": 200},
                 "variants": {"baseline": {}}, "seeds": VERDICT_SEEDS, "analyze": analyze | {"gate_steps": 300},
                 "design": design(QUICK_SD, QUICK_EFFECT, QUICK_COLLAPSED)}
+    if preset == "lm":  # log-likelihood moves with every probability: a head's effect shows without decoding noise
+        lm = {"what": ["ablate", "prune", "structural"], "metric": "log_likelihood", "prune_fraction": 1 / 16}
+        return {"name": "pruning_lm", "config": "configs/bible_lm.py:quick", "variants": {"baseline": {}},
+                "seeds": VERDICT_SEEDS, "analyze": analyze | lm | {"max_batches": 4},
+                "design": Design.of(FINDINGS_LM, LM_SD, LM_PILOT, PILOT_SEEDS, effect=LM_EFFECT)}
     if preset == "full":
         return {"name": "pruning_full", "config": "configs/numbers.py",
                 "overrides": {"model.num_heads": 8}, "variants": {"baseline": {}}, "seeds": [0, 1, 2, 3, 4],
@@ -48,7 +57,7 @@ def get_experiment(preset: str = "quick") -> dict:
         return {"name": "pruning_gpu", "config": "configs/bible.py", "overrides": {"model.num_heads": 8},
                 "variants": {"baseline": {}}, "seeds": [0, 1, 2],
                 "analyze": analyze | {"max_batches": 8, "gate_steps": 2000, "metric": "bleu"}, "design": design()}
-    raise ValueError(f"unknown preset '{preset}' for experiments/pruning.py; use quick, full or gpu")
+    raise ValueError(f"unknown preset '{preset}' for experiments/pruning.py; use quick, lm, full or gpu")
 
 
 # --- published numbers (Michel et al. 2019; Voita et al. 2019) --------------------------------------------------
@@ -109,6 +118,23 @@ QUICK_SD = {"importance vs random": 0.285, "importance_raw vs random": 0.121, "i
 QUICK_EFFECT = {"importance vs random": 0.192, "importance_raw vs random": 0.293, "importance vs full at 20%": -0.828}
 QUICK_COLLAPSED = {"importance vs random": 1}
 VERDICT_SEEDS = [100, 101, 102, 103, 104]
+
+# The 'lm' preset: the same findings in mean token log-likelihood (nats). A margin of 0.02 nats (2% perplexity) is
+# the smallest gap that counts. Orders are compared where the pilot's mean random curve is nearest the midpoint of
+# its own first and last values (all heads / one head left): 'half' for a metric with no zero (LM_AT, from the
+# pilot; None: the run's own, as a pilot records it).
+LM_MARGIN = 0.02
+LM_AT = None
+LM_COMPARISONS = {"importance vs random": ("importance", "random", "mid"),
+                  "importance_raw vs random": ("importance_raw", "random", "mid"),
+                  "importance vs full at 20%": ("importance", "full", 20.0)}
+FINDINGS_LM = {k: Finding(f.claim.replace("where random is at half", "midway down the random curve"), f.paper,
+                          f.direction, LM_MARGIN) for k, f in FINDINGS.items()}
+# Pilot: python scripts/sweep.py --experiment experiments/pruning.py:lm --workdir runs/pilot/pruning_lm \
+#   --seeds 0,1,2,3,4 --vmap-seeds && python scripts/make_tables.py --workdir runs/pilot/pruning_lm
+LM_PILOT = "experiments/pruning.py:lm --seeds 0,1,2,3,4 (docs/pruning.md, pilot)"
+LM_SD = None  # the pilot's 'sd: run' column, once it ran (None: every finding exploratory)
+LM_EFFECT = None  # its mean differences
 
 
 def design(sd: dict | None = None, effect: dict | None = None, collapsed: dict | None = None) -> Design:
@@ -196,33 +222,40 @@ def _at(prune: dict, order: str, percent: float) -> float:
     return prune["importance"][0]["score"] if order == "full" else _score_at(prune[order], percent)
 
 
-def half_point(curves: dict[int, dict], order: str = "random") -> float:
-    """The % pruned at which ``order``'s mean curve over seeds is nearest half the mean unpruned score."""
+def half_point(curves: dict[int, dict], order: str = "random", midpoint: bool = False) -> float:
+    """The % pruned at which ``order``'s mean curve over seeds is nearest half the mean unpruned score
+    (``midpoint``: nearest the middle of the mean curve's first and last values -- for a log-likelihood)."""
     points = [p["percent"] for p in next(iter(curves.values()))[order]]
     mean = np.mean([[p["score"] for p in f[order]] for f in curves.values()], axis=0)  # (steps,)
-    return float(points[int(np.argmin(np.abs(mean - mean[0] / 2)))])
+    target = (mean[0] + mean[-1]) / 2 if midpoint else mean[0] / 2
+    return float(points[int(np.argmin(np.abs(mean - target)))])
 
 
 def _verdicts(curves: dict[int, dict], exp, sweep_dir: str) -> Table | None:
     """Each finding's paired difference between two orders (or an order and the full model) over seeds, at the
-    registered comparison point; the half point these curves give is printed beside it (what a pilot records)."""
-    half = half_point(curves) if all("random" in f for f in curves.values()) else None
+    registered comparison point; the half point these curves give is printed beside it (what a pilot records).
+    Curves in log-likelihood (the 'lm' preset) use its comparisons, compared at the random curve's midpoint."""
+    metric = next(iter(curves.values())).get("metric", "accuracy")
+    lm = metric == "log_likelihood"
+    comparisons, fixed_at = (LM_COMPARISONS, LM_AT) if lm else (COMPARISONS, HALF_RANDOM)
+    half = half_point(curves, midpoint=lm) if all("random" in f for f in curves.values()) else None
     diffs = {}
-    for key, (order, base, percent) in COMPARISONS.items():
-        if percent == "half":  # the design's half point; none yet: this run's own (a pilot)
-            percent = half if HALF_RANDOM is None else HALF_RANDOM
+    for key, (order, base, percent) in comparisons.items():
+        if percent in ("half", "mid"):  # the design's point; none yet: this run's own (a pilot)
+            percent = half if fixed_at is None else fixed_at
         if percent is None or not all(o in f for f in curves.values() for o in {"importance", order, base} - {"full"}):
             continue
         diffs[key] = paired({s: _at(f, base, percent) for s, f in curves.items()},
                               {s: _at(f, order, percent) for s, f in curves.items()})
-    metric = next(iter(curves.values())).get("metric", "accuracy")
-    table = verdict_table(getattr(exp, "design", None), diffs, metric, sweep_dir, exp)
+    table = verdict_table(getattr(exp, "design", None), diffs, f"{metric} (nats)" if lm else metric, sweep_dir, exp)
     if table is None or half is None:
         return table
-    fixed = "the design's" if HALF_RANDOM is not None else "these curves' own (no pilot value yet)"
+    fixed = "the design's" if fixed_at is not None else "these curves' own (no pilot value yet)"
+    where = "midway between its unpruned and last values" if lm else "half the unpruned score"
     return Table(table.title, table.header, table.rows, table.note + (
-        f" Orders compared at {HALF_RANDOM if HALF_RANDOM is not None else half:.1f}% pruned ({fixed} half point); "
-        f"in this run the mean random curve is nearest half the unpruned score at {half:.1f}%."))
+        f" Orders compared at {fixed_at if fixed_at is not None else half:.1f}% pruned ({fixed} "
+        f"{'midpoint' if lm else 'half point'}); "
+        f"in this run the mean random curve is nearest {where} at {half:.1f}%."))
 
 
 def _random_baseline(curves: dict[int, dict], ablate: dict[int, dict]) -> Table | None:

@@ -72,6 +72,27 @@ def test_masking_a_zero_importance_head_changes_nothing():
     assert not np.allclose(scores(state, batch, full)[0], scores(state, batch, other)[0])
 
 
+def test_log_likelihood_scorer_is_the_mean_token_log_probability_of_each_example():
+    """--metric=log_likelihood against log-softmax written out: per example, the mean over its target tokens of
+    log p(label), padding excluded; masking a head changes it (float32 at 'highest' precision)."""
+    from attn_lab.models import Ctx
+    from attn_lab.train.steps import merge
+
+    model, graphdef, state, batch = _tiny_state()
+    shapes = mask_shapes(model)
+    scores, _ = importance.compile_analysis(graphdef)
+    full = {k: np.ones(s) for k, s in shapes.items()}
+    per, value = importance.accuracy_scorer([batch], scores, likelihood=True)(state, full)
+    logits, labels, weights = merge(graphdef, state).forward_batch(batch, Ctx(), None)
+    logp = np.asarray(jax.nn.log_softmax(np.asarray(logits, np.float64), axis=-1))
+    picked = np.take_along_axis(logp, np.asarray(labels)[..., None], -1)[..., 0]  # (B, T)
+    w = np.asarray(weights, np.float64)
+    np.testing.assert_allclose(per, (picked * w).sum(1) / w.sum(1), rtol=1e-5)
+    assert value == pytest.approx(per.mean()) and (per < 0).all()
+    masked = {**full, "cross": np.array([[0.0, 1.0]])}
+    assert importance.accuracy_scorer([batch], scores, likelihood=True)(state, masked)[1] != pytest.approx(value)
+
+
 def test_head_gradient_norms_are_the_query_and_output_slices_of_the_gradient():
     model, graphdef, state, batch = _tiny_state()
     shapes = mask_shapes(model)

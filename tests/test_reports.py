@@ -214,6 +214,36 @@ def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_p
 PRUNING = _load(os.path.join(ROOT, "experiments", "pruning.py"), "experiment_pruning_internals")
 
 
+def test_pruning_lm_verdicts_compare_log_likelihood_orders_midway_down_the_random_curve(tmp_path, monkeypatch):
+    """The 'lm' preset's curves (mean token log-likelihood, nats; no zero to halve): orders compared where the
+    mean random curve is nearest the middle of its first and last values -- the run's own point while LM_AT is
+    unset (a pilot) -- and judged against the 0.02-nat margin."""
+    monkeypatch.setattr(PRUNING, "LM_AT", None)  # a pilot: no registered point yet
+    rows = _rows({"baseline": {}})
+    for row in rows:
+        analysis = tmp_path / row["trial"] / "analysis"
+        analysis.mkdir(parents=True)
+        s = row["seed"]
+        curve = lambda *scores, s=s: [{"percent": p, "score": v - 0.2 * s} for p, v in zip((0.0, 25.0, 50.0, 75.0),
+                                                                                         scores)]
+        (analysis / "prune.json").write_text(json.dumps({
+            "metric": "log_likelihood", "importance": curve(-4.0, -4.01 - 0.002 * s, -4.1 - 0.01 * s, -4.6),
+            "random": curve(-4.0, -4.2, -4.5, -5.0)}))  # random midpoint (-4.5) at 50%: importance +0.4 there
+    design = Design.of(PRUNING.FINDINGS_LM, dict.fromkeys(PRUNING.FINDINGS_LM, 0.01), "test pilot", (90, 91),
+                       effect={"importance vs random": 0.3, "importance_raw vs random": 0.3,
+                               "importance vs full at 20%": 0.0})
+    exp = dataclasses.replace(_exp({"baseline": {}}), design=design)
+    table = PRUNING._verdicts(PRUNING._per_seed(str(tmp_path), rows, "prune"), exp, str(tmp_path))
+    by_claim = {r[0]: r for r in table.rows}
+    assert "random curve is nearest midway between its unpruned and last values at 50.0%" in table.note
+    assert "compared at 50.0% pruned (these curves' own (no pilot value yet) midpoint)" in table.note
+    beats = by_claim["pruning by importance beats random pruning (midway down the random curve)"]
+    assert beats[3].startswith("+0.390 [") and beats[-1] == "reproduced"
+    free = by_claim["~20% of heads prune by importance almost for free (at ~20% pruned)"]
+    assert free[3].startswith("-0.012 [") and free[-1].startswith("reproduced")  # 25% is nearest 20%: ~-0.01 nats
+    assert "log_likelihood (nats)" in table.markdown()
+
+
 def experiment_pruning_verdicts(sweep_dir, rows):
     return PRUNING._verdicts(PRUNING._per_seed(str(sweep_dir), rows, "prune"), _exp({"baseline": {}}, PRUNING),
                              str(sweep_dir))

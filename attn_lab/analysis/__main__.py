@@ -15,8 +15,9 @@ pruning curves (importance order vs reverse vs random), heads kept vs metric for
 attention maps per kind (``--example``). Importance and ablations use the validation split (``--split``).
 
 ``--metric``: what ablations and pruning score -- ``accuracy`` (teacher-forced token or class accuracy: one forward
-pass per mask, cheap), or for translation ``bleu`` / ``exact_match`` (greedy decoding under the masks; the
-bootstrap pairs per-example exact match). ``gates`` and ``--finetune-steps`` train derived runs under
+pass per mask, cheap), ``log_likelihood`` (the mean token log-likelihood in nats, minus the loss: a language
+model's perplexity is exp(-value); as cheap), or for translation ``bleu`` / ``exact_match`` (greedy decoding under
+the masks; the bootstrap pairs per-example exact match). ``gates`` and ``--finetune-steps`` train derived runs under
 ``analysis/gates/`` and ``analysis/finetune/`` starting from this run's parameters. ``--what``, ``--prune-orders``
 and ``--gate-targets`` are absl list flags, written comma-separated.
 """
@@ -34,7 +35,7 @@ from attn_lab.checks import RunError
 from attn_lab.cli import main_args, run_entry_point
 from attn_lab.identity import check_finished
 
-METRICS = ("accuracy", "bleu", "exact_match")
+METRICS = ("accuracy", "log_likelihood", "bleu", "exact_match")
 SPLITS = ("train", "validation", "test")
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's folder (it has results.json).")
@@ -65,9 +66,9 @@ def main(argv: list[str]) -> int:
         run = load_finished_run(shared.workdir)
     except (ValueError, RunError) as e:
         sys.exit(f"error: --workdir: {e}")
-    if shared.metric != "accuracy" and not run.generates:
+    if shared.metric in ("bleu", "exact_match") and not run.generates:
         sys.exit(f"error: --metric={shared.metric}: needs a translation run; {shared.workdir} is {run.kind} "
-                 "(use --metric=accuracy)")
+                 "(use --metric=accuracy or --metric=log_likelihood)")
     ctx = AnalysisContext.open(run, shared)
     try:
         for name in _WHAT.value:

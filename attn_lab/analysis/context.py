@@ -35,7 +35,7 @@ class SharedFlags:
     workdir: str
     split: str  # what importance, ablations and pruning measure on
     max_batches: int
-    metric: str  # what ablations and pruning score: accuracy, bleu or exact_match
+    metric: str  # what ablations and pruning score: accuracy, log_likelihood, bleu or exact_match
 
 
 def per_head(prefix: str, grids: dict[str, Any]) -> dict[str, float]:
@@ -71,7 +71,8 @@ class AnalysisContext:
                               name=f"{w.name or os.path.basename(shared.workdir)}-analysis")
         scores, importance_sums = importance.compile_analysis(run.graphdef)
         batches = run.batches(shared.split, shared.max_batches)
-        score = (importance.accuracy_scorer(batches, scores) if shared.metric == "accuracy"
+        teacher_forced = shared.metric in ("accuracy", "log_likelihood")
+        score = (importance.accuracy_scorer(batches, scores, shared.metric == "log_likelihood") if teacher_forced
                  else run.decode_scorer(batches, shared.split, shared.metric))
         return cls(run=run, flags=shared, batches=batches, score=score,
                    shapes=mask_shapes(merge(run.graphdef, run.state)), importance_sums=importance_sums,

@@ -114,21 +114,25 @@ Scorer = Callable[[dict, dict], tuple[np.ndarray, float]]
 per-example scores pair up across masks for the bootstrap, the value is what tables report (mean accuracy, BLEU)."""
 
 
-def scores_under(state: dict, batches: list[dict], masks: dict[str, np.ndarray], scores: Callable) -> np.ndarray:
-    """Per-example accuracy (token accuracy for translation) over ``batches`` with static masks ``[L, N]``."""
+def scores_under(state: dict, batches: list[dict], masks: dict[str, np.ndarray], scores: Callable,
+                 likelihood: bool = False) -> np.ndarray:
+    """Per-example accuracy (token accuracy for translation) over ``batches`` with static masks ``[L, N]``;
+    ``likelihood``: the per-example mean token log-likelihood instead (minus the cross-entropy, nats)."""
     out = []
     for batch in batches:
         rows = batch["inputs"].shape[0]
         tiled = {k: jnp.broadcast_to(jnp.asarray(m), (rows, *m.shape)) for k, m in masks.items()}
-        _, acc, valid = scores(state, batch, tiled)
-        out.append(np.asarray(acc)[np.asarray(valid) > 0])
+        loss, acc, valid = scores(state, batch, tiled)
+        out.append(np.asarray(-loss if likelihood else acc)[np.asarray(valid) > 0])
     return np.concatenate(out)
 
 
-def accuracy_scorer(batches: list[dict], scores: Callable) -> Scorer:
-    """Teacher-forced per-example accuracy; the value is its mean. One forward pass per batch: cheap."""
+def accuracy_scorer(batches: list[dict], scores: Callable, likelihood: bool = False) -> Scorer:
+    """Teacher-forced per-example accuracy, or (``likelihood``) mean token log-likelihood in nats -- the
+    language model's own metric: perplexity is exp(-value), and unlike accuracy it moves with every probability,
+    so small head effects show. The value is the mean over examples. One forward pass per batch: cheap."""
     def score(state, masks):
-        per = scores_under(state, batches, masks, scores)
+        per = scores_under(state, batches, masks, scores, likelihood)
         return per, float(per.mean())
     return score
 
