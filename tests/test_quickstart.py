@@ -32,7 +32,7 @@ def test_quickstart_is_two_commands_install_then_run():
 
 @pytest.mark.slow
 def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
-    """The README's sweep command (its own config and flags; workdir moved to tmp) with a --shard of two trials
+    """The README's sweep command (its own config and flags; workdir moved to tmp) with a --shard of half its trials
     and a few steps, then its make_tables command on the result: the path a new user runs first."""
     main_job, _ = _quickstart_commands()
     _, sweep, tables = [shlex.split(part) for part in main_job.split(" && ")]
@@ -51,7 +51,7 @@ def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
                            timeout=600, env=env)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     finished = [d for d in os.listdir(runs) if os.path.exists(os.path.join(runs, d, "results.json"))]
-    assert len(finished) == 2  # trials 0 and 2 of the demo's 4 (seed 0 of each row)
+    assert len(finished) == 3  # trials 0, 2 and 4 of the demo's 6 (2 rows x 3 seeds)
     results = json.load(open(os.path.join(runs, finished[0], "results.json")))
     env_block = results["environment"]
     assert env_block["packages"]["jax"] and env_block["backend"] == "cpu" and env_block["device_count"] >= 1
@@ -60,7 +60,7 @@ def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
                           env=env)
     assert made.returncode == 0, made.stderr[-2000:]
     table = open(os.path.join(runs, "tables", "head_count.md")).read()
-    assert "### Verdicts" in table and "(exploratory)" in table  # outside the family: decided before it ran
+    assert "### Verdicts" in table and "Family: 1 finding" in table  # the demo's finding: planned to decide
     assert "undecidable" not in table
-    assert "Environments of these runs:" in made.stdout and "2 runs: python " in made.stdout
+    assert "Environments of these runs:" in made.stdout and "3 runs: python " in made.stdout
     assert f"jax {env_block['packages']['jax']}" in made.stdout
