@@ -51,7 +51,7 @@ def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
                            timeout=600, env=env)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     finished = [d for d in os.listdir(runs) if os.path.exists(os.path.join(runs, d, "results.json"))]
-    assert len(finished) == 5  # trials 0, 2, 4, 6 and 8 of the demo's 10 (2 rows x 5 seeds)
+    assert len(finished) == 3  # trials 0, 2 and 4 of the demo's 6 (2 rows x 3 seeds)
     results = json.load(open(os.path.join(runs, finished[0], "results.json")))
     env_block = results["environment"]
     assert env_block["packages"]["jax"] and env_block["backend"] == "cpu" and env_block["device_count"] >= 1
@@ -60,7 +60,7 @@ def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
                           env=env)
     assert made.returncode == 0, made.stderr[-2000:]
     table = open(os.path.join(runs, "tables", "head_count.md")).read()
-    assert "### Verdicts" in table and "Family: 1 finding" in table  # the demo's finding: planned to decide
+    assert "### Verdicts" in table and "(exploratory)" in table  # planned out of the family before it ran
     assert "undecidable" not in table
-    assert "Environments of these runs:" in made.stdout and "5 runs: python " in made.stdout
+    assert "Environments of these runs:" in made.stdout and "3 runs: python " in made.stdout
     assert f"jax {env_block['packages']['jax']}" in made.stdout
