@@ -122,6 +122,26 @@ def test_diversity_table_reads_similarity_and_prunable_heads(tmp_path):
     assert "metric with 25.0% of heads pruned" in md
 
 
+def test_diversity_lm_report_shows_perplexity_and_judges_minus_the_test_loss(tmp_path):
+    """The 'lm' preset's rows (a language model: test loss and token accuracy, no exact match): the table shows
+    exp(test loss) and the findings are judged in minus the loss, so a regularizer with a lower loss improves."""
+    div = MODULES["diversity"]
+    variants = {k: v for k, v in div.get_experiment("lm")["variants"].items() if k in ("baseline", "output")}
+    rows = [{"variant": v, "seed": s, "trial": f"variant={v},seed={s}", "status": "ok", "num_params": 1000,
+             "test_loss": 5.0 - (0.05 + 0.002 * (s == 1) if v == "output" else 0.0) + 0.01 * s,
+             "test_accuracy": 0.2 + 0.01 * s, "steps_per_sec": 5.0} for v in variants for s in (0, 1, 2)]
+    exp = Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
+                     seeds=[100, 101, 102], variants=variants,
+                     design=Design.of(div.FINDINGS_LM, dict.fromkeys(div.FINDINGS_LM, 0.001), "test", (0, 1, 2),
+                                      ["output"], {"output": 0.05}))
+    table, verdicts = REPORTS["diversity"](rows, str(tmp_path), exp, str(tmp_path))
+    md = table.markdown()
+    assert "test perplexity" in md and f"{np.mean([math.exp(5.0), math.exp(5.01), math.exp(5.02)]):.3f}" in md
+    output = {row[0]: row for row in verdicts.rows}[div.FINDINGS_LM["output"].claim]
+    assert output[3].startswith("+0.051 [") and output[-1] == "reproduced" and "minus the test loss" in verdicts.note
+    assert variants["output"] == {"loss.diversity.output.weight": 0.1}  # the papers' range, not 1.0
+
+
 def test_variants_table_joins_benchmark_ratios_and_lra(tmp_path):
     variants = {"dense": {"model.attention.name": "dense"}, "local": {"model.attention.name": "local"}}
     bench = [{"label": "jax.nn.dot_product_attention", "length": "1024", "fwd_bwd_seconds": "1.0", "temp_bytes": "400"},
