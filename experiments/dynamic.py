@@ -3,6 +3,7 @@
   python scripts/sweep.py --experiment experiments/dynamic.py:quick --workdir runs/dynamic --vmap-seeds
   python scripts/make_tables.py --workdir runs/dynamic
   python scripts/sweep.py --experiment experiments/dynamic.py:listops_quick --workdir runs/dynamic_listops --vmap-seeds
+  python scripts/sweep.py --experiment experiments/dynamic.py:lm_quick --workdir runs/dynamic_lm --vmap-seeds
 
 Self-contained: the sweep (``get_experiment``), its report (``report``) and the published numbers it prints beside
 ours all live in this file; make_tables finds ``report`` here. Every trial runs ``python -m attn_lab.analysis
@@ -62,12 +63,19 @@ TASKS = {  # preset prefix -> (config, overrides)
                                       "train.checkpoint_every": 150}),
     "listops_": ("configs/listops.py:quick", {"train.num_steps": 600, "train.eval_every": 600,
                                               "train.checkpoint_every": 600}),
+    # adaptive span is a language-model method (Sukhbaatar et al.): the decoder-only LM, 64-token windows, 400 steps
+    "lm_": ("configs/bible_lm.py:quick", {}),
 }
+# The LM has self-attention only: every kind gets the variant's kernel (no cross-attention to keep softmax)
+LM_VARIANTS = {**VARIANTS, "adaptive_span": {k: v for k, v in VARIANTS["adaptive_span"].items()
+                                             if not k.startswith("model.kinds.")}}
 
 
 def get_experiment(preset: str = "quick") -> dict:
     """'quick' / 'listops_quick': numbers translation (150 steps) / ListOps (lengths 16-64, 600 steps), every
-    variant, 5 seeds; 'full' / 'listops_full': the tasks' full configs, 3 seeds; 'gpu': ListOps at LRA lengths
+    variant, 5 seeds; 'lm_quick': the decoder-only LM (bible_lm, 400 steps), every variant, 5 seeds, judged in
+    test loss (nats) -- the metric whose paired sd is 0.003-0.01 in the head-count LM table;
+    'full' / 'listops_full': the tasks' full configs, 3 seeds; 'gpu': ListOps at LRA lengths
     (500-2000 tokens, spans up to 1024), 3 seeds, sized for about 10 minutes on one H200 with --vmap-seeds.
 
     Why 150 steps on numbers: at 300 (the earlier quick preset) softmax reached exact match 0.97, the task's
@@ -78,18 +86,22 @@ def get_experiment(preset: str = "quick") -> dict:
                 "overrides": {"task.min_length": 500, "task.max_length": 2000, "task.max_depth": 10},
                 "variants": {**VARIANTS, "adaptive_span": {**VARIANTS["adaptive_span"], **span}},
                 "seeds": [0, 1, 2], "analyze": {"what": ["diagnose"]}, "design": design()}
-    prefix, _, size = preset.rpartition("_") if preset.startswith("listops_") else ("", "", preset)
+    prefix, _, size = preset.rpartition("_") if preset.startswith(("listops_", "lm_")) else ("", "", preset)
     prefix = prefix + "_" if prefix else ""
     if prefix not in TASKS or size not in ("quick", "full"):
         raise ValueError(f"unknown preset '{preset}' for experiments/dynamic.py; "
-                         "use quick, full, listops_quick, listops_full or gpu")
+                         "use quick, full, listops_quick, listops_full, lm_quick, lm_full or gpu")
     config, overrides = TASKS[prefix]
-    variants = VARIANTS
+    variants = LM_VARIANTS if prefix == "lm_" else VARIANTS
     if size == "full":
         config, overrides = config.split(":")[0], {}
         if prefix:  # full ListOps sequences reach 512 tokens: spans may cover them, with the paper's ramp
             span = {"model.attention.adaptive_span.max_span": 512, "model.attention.adaptive_span.ramp": 32.0}
             variants = {**VARIANTS, "adaptive_span": {**VARIANTS["adaptive_span"], **span}}
+    if (prefix, size) == ("lm_", "quick"):  # judged in nats, planned from its own pilot
+        return {"name": "dynamic_lm_quick", "config": config, "overrides": overrides, "variants": variants,
+                "seeds": VERDICT_SEEDS, "analyze": {"what": ["diagnose"]},
+                "design": Design.of(FINDINGS_LM, LM_SD, LM_PILOT, PILOT_SEEDS, effect=LM_EFFECT)}
     quick = (prefix, size) == ("", "quick")  # the one preset with a pilot
     return {"name": f"dynamic_{prefix}{size}", "config": config, "overrides": overrides, "variants": variants,
             "seeds": VERDICT_SEEDS if quick else [0, 1, 2, 3, 4] if size == "quick" else [0, 1, 2],
@@ -117,6 +129,16 @@ PILOT = "experiments/dynamic.py:quick --seeds 0,1,2,3,4 (docs/dynamic.md, pilot)
 QUICK_SD = {"entmax15": 0.088, "entmax_learned": 0.113, "adaptive_span": 0.079}  # pilot: 5 seeds (42 min loaded)
 QUICK_EFFECT = {"entmax15": -0.096, "entmax_learned": -0.087, "adaptive_span": 0.293}  # its mean differences
 VERDICT_SEEDS = [100, 101, 102, 103, 104]
+
+# 'lm_quick': the same findings in minus the test loss (nats); a margin of 0.02 nats (2% perplexity) is the smallest
+# gap that counts, as in the head-count LM table.
+LM_MARGIN = 0.02
+FINDINGS_LM = {k: Finding(f.claim, f.paper, f.direction, LM_MARGIN) for k, f in FINDINGS.items()}
+# Pilot: python scripts/sweep.py --experiment experiments/dynamic.py:lm_quick --workdir runs/pilot/dynamic_lm \
+#   --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 && python scripts/make_tables.py --workdir runs/pilot/dynamic_lm
+LM_PILOT = "experiments/dynamic.py:lm_quick --seeds 0,1,2,3,4 (docs/dynamic.md, pilot)"
+LM_SD = None  # the pilot's 'sd: run' column, once it ran (None: every finding exploratory)
+LM_EFFECT = None  # its mean differences
 
 
 def design(sd: dict | None = None, effect: dict | None = None) -> Design:
@@ -259,8 +281,11 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     quality = Table("Dynamic attention", header, body, "Published BLEU: Correia et al. Table 1 (softmax / "
                     "1.5-entmax / alpha-entmax), copied from memory; see experiments/dynamic.py.")
     metric = "test_exact_match" if any("test_exact_match" in r for r in rows) else "test_accuracy"
-    judged = variant_verdicts(groups, "softmax", exp, sweep_dir, metric,
-                              metric.removeprefix("test_").replace("_", " "))
+    if str(getattr(exp, "name", "")).startswith("dynamic_lm"):  # a language model: judged in minus the test loss
+        judged = variant_verdicts(groups, "softmax", exp, sweep_dir, "test_loss", "minus the test loss (nats)", -1)
+    else:
+        judged = variant_verdicts(groups, "softmax", exp, sweep_dir, metric,
+                                  metric.removeprefix("test_").replace("_", " "))
     init, runs = _init_span(exp), _run_spans(groups, sweep_dir)
     ramp = float((getattr(exp, "variants", {}) or {}).get("adaptive_span", {}).get(
         "model.attention.adaptive_span.ramp", SPAN["model.attention.adaptive_span.ramp"]))

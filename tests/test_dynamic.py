@@ -4,6 +4,7 @@ spans / alphas logged and written, the zero-weight diagnostic, and experiments/d
 Losses are compared at 'highest' matmul precision (tests/conftest.py) with rtol 1e-5.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -162,6 +163,23 @@ def test_spans_that_did_not_move_are_reported_as_a_fixed_window(tmp_path, spans,
     assert verdicts["1.5-entmax matches softmax"][-1].startswith("reproduced")
 
 
+def test_dynamic_lm_preset_judges_minus_the_test_loss_and_spans_every_kind(tmp_path):
+    """'lm_quick': a decoder-only LM has no cross-attention, so adaptive span sets no per-kind override; rows carry a
+    test loss and no exact match, and the findings are judged in minus the loss (nats): a lower loss is better."""
+    dynamic = _dynamic()
+    preset = dynamic.get_experiment("lm_quick")
+    assert preset["config"] == "configs/bible_lm.py:quick" and preset["name"] == "dynamic_lm_quick"
+    assert not any(k.startswith("model.kinds.") for k in preset["variants"]["adaptive_span"])
+    rows = [{k: v for k, v in r.items() if k not in ("test_exact_match", "test_bleu")} | {
+        "test_loss": 5.0 - r["test_exact_match"]} for r in _fake_sweep(tmp_path)]
+    exp = _exp(dynamic)
+    exp.name, exp.design = "dynamic_lm_quick", dataclasses.replace(exp.design, findings=dynamic.FINDINGS_LM)
+    verdicts = {r[0].split(" (")[0]: r[3:] for r in dynamic.report(rows, str(tmp_path), exp, str(tmp_path))[3].rows}
+    assert verdicts["1.5-entmax matches softmax"][0].startswith("+0.011 [")  # 0.011 nats lower loss than softmax
+    assert verdicts["adaptive span keeps quality at a fraction of the span"][-1] == "not reproduced"  # 0.05 nats
+    assert "minus the test loss" in dynamic.report(rows, str(tmp_path), exp, str(tmp_path))[3].note
+
+
 def test_dynamic_presets_resolve_and_bad_preset_is_one_line():
     from attn_lab.sweep.spec import load_experiment
     exp = load_experiment(os.path.join(ROOT, "experiments", "dynamic.py:listops_full"))
@@ -170,4 +188,5 @@ def test_dynamic_presets_resolve_and_bad_preset_is_one_line():
                           os.path.join(ROOT, "experiments", "dynamic.py:tiny"), "--workdir", "unused", "--dry-run"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
-        "error: unknown preset 'tiny' for experiments/dynamic.py; use quick, full, listops_quick, listops_full or gpu"]
+        "error: unknown preset 'tiny' for experiments/dynamic.py; use quick, full, listops_quick, listops_full, "
+        "lm_quick, lm_full or gpu"]
