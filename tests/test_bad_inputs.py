@@ -322,7 +322,7 @@ BAD_ANALYSIS_AND_TABLES = [
      "--structural-percent=100.0: must be in [0, 100)"),
     ([*ANALYZE, "--workdir", "{tmp}", "--prune-fraction", "0"], "--prune-fraction=0.0: must be in (0, 1]"),
     ([*ANALYZE, "--workdir", "{tmp}", "--metric", "rouge"],
-     "--metric=rouge: value should be one of <accuracy|bleu|exact_match>"),
+     "--metric=rouge: value should be one of <accuracy|log_likelihood|bleu|exact_match>"),
     ([*ANALYZE, "--workdir", "{tmp}", "--split", "dev"], "--split=dev: value should be one of <train|validation|test>"),
     ([*ANALYZE, "--workdir", "{tmp}", "--max-batches", "0"], "--max-batches=0: 0 is not a positive integer"),
     ([*ANALYZE, "--what", "importance"], "--workdir is required"),
