@@ -13,7 +13,7 @@ import pytest
 from attn_lab.data import tasks
 from attn_lab.data.tasks import TaskSpec, defaults, load_task, task_options, validate_task_config
 
-BUNDLED = ("bible", "bible_lm", "digits", "listops", "mqar", "numbers", "sentiment")
+BUNDLED = ("bible", "bible_lm", "digits", "dretrieval", "listops", "mqar", "numbers", "sentiment")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A whole task in one file, as a contributor would write it: reverse three-letter words, character-level.
@@ -93,7 +93,7 @@ def reverse_task(registry, tmp_path):
 def test_registry_lists_the_bundled_tasks_and_the_catalog_family():
     assert tasks.TASKS == (*BUNDLED, "tfds:<name>")
     assert tasks.TASK_KINDS == {"bible": "translation", "bible_lm": "lm", "digits": "classification",
-                                "listops": "classification", "mqar": "lm", "numbers": "translation",
+                                "dretrieval": "lm", "listops": "classification", "mqar": "lm", "numbers": "translation",
                                 "sentiment": "classification"}
     assert tasks.task_kind({"name": "tfds:anything", "kind": "translation"}) == "translation"
 
@@ -131,7 +131,8 @@ def test_each_config_file_sets_every_option_of_its_task(name):
 def test_unknown_name_lists_the_choices():
     with pytest.raises(ValueError) as err:
         task_options({"name": "nope"})
-    assert str(err.value) == ("unknown task.name 'nope'; choose one of: bible, bible_lm, digits, listops, mqar, "
+    assert str(err.value) == ("unknown task.name 'nope'; choose one of: bible, bible_lm, digits, dretrieval, listops, "
+                              "mqar, "
                               "numbers, sentiment, tfds:<name>")
 
 

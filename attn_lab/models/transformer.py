@@ -165,7 +165,13 @@ class Stack(nnx.Module):
                              for k in self.kinds}
 
     def positions(self, start: jax.Array | int, length: int) -> jax.Array:
+        """Rows ``start .. start + length`` of the position table ``[T, d_model]``. A batch padded to its length
+        bucket can be longer than the table (a task of 9 tokens pads to 12); the rows past it hold only padding,
+        which no real position sees, so they get zeros rather than a bigger table (that would change recorded
+        runs' parameters)."""
         table = self.learned_pos[...] if self.learned_pos is not None else sinusoidal(self.max_len, self.d_model)
+        if length > table.shape[0]:
+            table = jnp.pad(table, ((0, length - table.shape[0]), (0, 0)))
         return jax.lax.dynamic_slice_in_dim(table, start, length)  # (T, d_model)
 
     def layer_masks(self, head_masks: dict | None, layer: int) -> dict:

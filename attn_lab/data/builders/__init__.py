@@ -12,12 +12,19 @@ import fcntl
 import importlib.util
 import os
 
+import numpy as np
 import tensorflow_datasets as tfds
 
 from attn_lab.data import pipeline, tokenizers
 
 DATA_DIR_ENV = "ATTN_LAB_DATA_DIR"
 DEFAULT_DATA_DIR = os.path.join("~", ".cache", "attn_lab", "tensorflow_datasets")
+SPLITS = ("train", "validation", "test")  # a synthetic task's splits, in the order their random streams are numbered
+
+
+def split_rng(seed: int, split: str) -> np.random.Generator:
+    """A synthetic task's independent, reproducible random stream per (seed, split)."""
+    return np.random.default_rng(np.random.SeedSequence([seed, SPLITS.index(split)]))
 
 
 class SyntheticBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):

@@ -30,7 +30,7 @@ from attn_lab.data.tokenizers import PAD_ID, SPECIAL_TOKENS, Vocab
 
 DEFAULTS = dict(vocab_size=256, seq_len=64, num_kv_pairs=4, power_a=0.01, random_non_queries=False,
                 num_train=20000, num_validation=1000, num_test=1000, seed=0)
-SPLITS = ("train", "validation", "test")
+SPLITS, split_rng = builders.SPLITS, builders.split_rng
 BLANK = len(SPECIAL_TOKENS)  # 4: the filler token (zoology's 0)
 FIRST_KEY = BLANK + 1
 
@@ -66,11 +66,6 @@ def mqar_example(rng: np.random.Generator, *, vocab_size: int, seq_len: int, num
     inputs[2 * n + 2 * gaps] = keys  # the query key ...
     targets[2 * n + 2 * gaps] = values  # ... is answered at its own position (the next-token target)
     return inputs, targets
-
-
-def split_rng(seed: int, split: str) -> np.random.Generator:
-    """An independent, reproducible random stream per (seed, split)."""
-    return np.random.default_rng(np.random.SeedSequence([seed, SPLITS.index(split)]))
 
 
 @dataclasses.dataclass(eq=False)
