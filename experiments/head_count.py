@@ -55,6 +55,11 @@ def get_experiment(preset: str = "quick") -> dict:
         return {"name": "head_count_demo", "config": "configs/numbers.py:quick", "overrides": short,
                 "variants": {k: rows[k] for k in ("A-h8", "A-h16")}, "seeds": DEMO_SEEDS,
                 "design": Design.of(FINDINGS_DEMO, DEMO_SD, DEMO_PILOT, DEMO_PILOT_SEEDS, effect=DEMO_EFFECT)}
+    if preset == "sharp":  # D = 2 lookups at one position (configs/dretrieval.py), one attention-only layer
+        rows = {f"A-h{h}": {"model.num_heads": h, "model.head_dim": 16 // h} for h in (1, 2, 4)}
+        return {"name": "head_count_sharp", "config": "configs/dretrieval.py", "overrides": SHARP_MODEL,
+                "variants": rows, "seeds": SHARP_SEEDS,
+                "design": Design.of(FINDINGS_SHARP, SHARP_SD, SHARP_PILOT, PILOT_SEEDS, effect=SHARP_EFFECT)}
     if preset == "quick":
         rows = _rows(64, [1, 2, 4, 8, 16], 16, [1, 8])
         return {"name": "head_count_quick", "config": "configs/numbers.py:quick",
@@ -86,8 +91,8 @@ def get_experiment(preset: str = "quick") -> dict:
                 "overrides": BEAM,
                 "variants": _rows(128, [1, 2, 4, 8, 16, 32], 32, [1, 2, 8, 16]), "seeds": [0, 1, 2, 3, 4],
                 "design": design()}
-    raise ValueError(f"unknown preset '{preset}' for experiments/head_count.py; use demo, quick, powered, lm, "
-                     "full, bible, bible_all or gpu")
+    raise ValueError(f"unknown preset '{preset}' for experiments/head_count.py; use demo, sharp, quick, powered, "
+                     "lm, full, bible, bible_all or gpu")
 
 
 # --- published numbers (Vaswani et al. 2017; Shazeer 2019; Ainslie et al. 2023) --------------------------------
@@ -147,8 +152,21 @@ DEMO_PILOT = "head_count.py:quick seeds 100-104 + head_count.py:demo seeds 200-2
 DEMO_SD, DEMO_EFFECT = {"A-h16": 0.0026}, {"A-h16": -0.0016}
 DEMO_PILOT_SEEDS = (100, 101, 102, 103, 104, 200, 201, 202, 300, 301, 302, 303, 304)
 DEMO_SEEDS = [400, 401, 402]
+# The sharp preset: D-retrieval with D = 2 (configs/dretrieval.py: 16 of 64 keys, 4 values) at d_model 16, where
+# the width is below the memorization regime (docs/head_count.md, sharp task): one head against two, in test
+# accuracy at the read-out position (chance 1/16, one slot right 1/4). Margin 0.05: a twentieth of the answers.
+SHARP_MODEL = {"model.d_model": 16}
+SHARP_MARGIN = 0.05
+FINDINGS_SHARP = {"A-h1": Finding("one head is worse than two when an answer needs two lookups (arXiv 2510.06662)",
+                                  "h < D fails, h >= D solves", "down", SHARP_MARGIN)}
+SHARP_BASELINE = "A-h2"
+SHARP_PILOT = "experiments/head_count.py:sharp --seeds 0,1,2,3,4 (docs/head_count.md, sharp task)"
+SHARP_SD, SHARP_EFFECT = None, None
+SHARP_SEEDS = [100, 101, 102]
 # How each preset's findings are judged (metric, its label, sign: -1 turns a loss into higher-is-better)
-JUDGED = {"head_count_demo": ("test_accuracy", "test token accuracy (teacher-forced)", 1.0)}
+# and the row they are judged against.
+JUDGED = {"head_count_demo": ("test_accuracy", "test token accuracy (teacher-forced)", 1.0, "A-h8"),
+          "head_count_sharp": ("test_accuracy", "test accuracy at the read-out position", 1.0, SHARP_BASELINE)}
 
 # The language-model rows are judged in minus the test loss (nats; higher is better), so the findings read as
 # above; a margin of 0.02 nats (2% perplexity) is the smallest gap that counts: Vaswani et al.'s one-head loss is
@@ -212,7 +230,7 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
             f"(Ainslie et al. 2023): {GROUPED_QUERY['mha']} -> {GROUPED_QUERY['gqa8']} (MQA {GROUPED_QUERY['mqa']}).")
     header, body = with_status(header, body, status)
     groups = {variant: g for variant, g, _ in every_variant(rows)}
-    metric, label, sign = JUDGED.get(getattr(exp, "name", ""), (LM_METRIC, "minus the test loss (nats)", -1.0)
-                                     if lm else (METRIC, "test exact match", 1.0))
-    judged = variant_verdicts(groups, BASELINE, exp, sweep_dir, metric, label, sign=sign)
+    metric, label, sign, baseline = JUDGED.get(getattr(exp, "name", ""), (
+        LM_METRIC, "minus the test loss (nats)", -1.0, BASELINE) if lm else (METRIC, "test exact match", 1.0, BASELINE))
+    judged = variant_verdicts(groups, baseline, exp, sweep_dir, metric, label, sign=sign)
     return [Table("Head count", header, body, note), *([judged] if judged else []), *unfinished_table(rows)]
