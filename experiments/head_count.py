@@ -160,8 +160,13 @@ SHARP_MARGIN = 0.05
 FINDINGS_SHARP = {"A-h1": Finding("one head is worse than two when an answer needs two lookups (arXiv 2510.06662)",
                                   "h < D fails, h >= D solves", "down", SHARP_MARGIN)}
 SHARP_BASELINE = "A-h2"
+SHARP_PAPER = ("arXiv 2510.06662: with h < D heads the parameters needed grow exponentially in T, with h >= D they "
+               "do not; its synthetic retrieval shows a transition at h = D (T 8-128, hidden size 32).")
 SHARP_PILOT = "experiments/head_count.py:sharp --seeds 0,1,2,3,4 (docs/head_count.md, sharp task)"
-SHARP_SD, SHARP_EFFECT = None, None
+# Pilot (5.7 min on 2 cores): python scripts/sweep.py --experiment experiments/head_count.py:sharp --workdir \
+#   runs/pilot/head_count_sharp --seeds 0,1,2,3,4 --vmap-seeds --parallel 2: one head 0.59 +- 0.18 (two seeds at
+#   0.76, as good as two heads), two heads 0.71 +- 0.06; paired A-h1 minus A-h2 -0.124, sd 0.152.
+SHARP_SD, SHARP_EFFECT = {"A-h1": 0.152}, {"A-h1": -0.124}
 SHARP_SEEDS = [100, 101, 102]
 # How each preset's findings are judged (metric, its label, sign: -1 turns a loss into higher-is-better)
 # and the row they are judged against.
@@ -200,13 +205,14 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     from attn_lab.reporting.plots import errorbar_plot
 
     lm = not any("test_exact_match" in r for r in rows)  # the 'lm' preset: perplexity is the metric
+    sharp = getattr(exp, "name", "") == "head_count_sharp"  # D-retrieval: Vaswani et al.'s numbers do not apply
     shown = "test_loss" if lm else "test_exact_match"
     body, series, status = [], {}, []
     for variant, g, state in every_variant(rows):
         ov = exp.variants.get(variant, {})
         h, dk = ov.get("model.num_heads"), ov.get("model.head_dim")
         kv = ov.get("model.num_kv_heads") or h
-        paper = VASWANI_TABLE3.get((h, 512 // h)) if variant.startswith("A-") and h else None
+        paper = VASWANI_TABLE3.get((h, 512 // h)) if variant.startswith("A-") and h and not sharp else None
         status.append(state)
         perplexity = [math.exp(v) for v in column(g, "test_loss")]
         body.append([variant, h, dk, kv, g[0]["num_params"] if g else None, mean_std(column(g, "test_bleu"), 2),
@@ -228,6 +234,9 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
             f"{VASWANI_NOTE} Rows (B) (h=8): {rows_b}. Multi-query "
             f"(Shazeer 2019): BLEU {MULTI_QUERY['mha']['bleu']} -> {MULTI_QUERY['mqa']['bleu']}; GQA-8 "
             f"(Ainslie et al. 2023): {GROUPED_QUERY['mha']} -> {GROUPED_QUERY['gqa8']} (MQA {GROUPED_QUERY['mqa']}).")
+    if sharp:
+        note = ("Mean ± std (seeds). Token accuracy is the accuracy at the read-out position (chance 1/16, one slot "
+                f"right 1/4). Published: {SHARP_PAPER}")
     header, body = with_status(header, body, status)
     groups = {variant: g for variant, g, _ in every_variant(rows)}
     metric, label, sign, baseline = JUDGED.get(getattr(exp, "name", ""), (
