@@ -49,6 +49,12 @@ LEARNED = {"adaptive_span": {"model.attention.name": "adaptive_span", "model.att
                              "model.attention.adaptive_span.init_span": 0.25},
            "entmax15": {"model.attention.name": "entmax"}}
 STEPS = 1000
+# 'state': Based's Figure 3 layout at one length -- recall against the size of the recurrent state at T=64, with a
+# vocabulary above T as Zoology requires (256 > 64) and the budget at which dense recall reached 1.0 in probes
+# (batch 64 x 2,000 steps; docs/recall.md). Performer's state per head is num_features x d_k.
+STATE_KERNELS = {k: KERNELS[k] for k in ("dense", "linear", "performer")} | {
+    f"performer-{m}": {**KERNELS["performer"], "model.attention.performer.num_features": m} for m in (16, 256)}
+STATE_DATA = {"task.vocab_size": 256}
 
 
 def _train(steps: int, batch: int = 32) -> dict:
@@ -79,6 +85,10 @@ def get_experiment(preset: str = "quick") -> dict:
         return {"name": "recall_quick", "config": "configs/mqar.py:quick", "overrides": _train(STEPS),
                 "variants": _variants([64], KERNELS, QUICK_LENGTHS), "seeds": VERDICT_SEEDS,
                 "design": Design.of(FINDINGS, QUICK_SD, PILOT, PILOT_SEEDS, QUICK_FINDINGS, QUICK_EFFECT)}
+    if preset == "state":
+        return {"name": "recall_state", "config": "configs/mqar.py:quick", "overrides": _train(2000, 64) | STATE_DATA,
+                "variants": _variants([64], STATE_KERNELS, LENGTHS[:1]), "seeds": STATE_SEEDS,
+                "design": Design.of(FINDINGS, STATE_SD, STATE_PILOT, STATE_PILOT_SEEDS, STATE_FINDINGS, STATE_EFFECT)}
     if preset == "full":
         return {"name": "recall_full", "config": "configs/mqar.py:quick", "overrides": _train(1500, 64),
                 "variants": _variants([64, 128], {**KERNELS, **LEARNED}, LENGTHS), "seeds": VERDICT_SEEDS,
@@ -90,7 +100,7 @@ def get_experiment(preset: str = "quick") -> dict:
         return {"name": "recall_gpu", "config": "configs/mqar.py", "overrides": data,
                 "variants": _variants([64, 128, 256], KERNELS, [*LENGTHS, (512, 64)]), "seeds": VERDICT_SEEDS,
                 "design": Design.of(FINDINGS, None, PILOT, PILOT_SEEDS)}
-    raise ValueError(f"unknown preset '{preset}' for experiments/recall.py; use quick, full or gpu")
+    raise ValueError(f"unknown preset '{preset}' for experiments/recall.py; use quick, state, full or gpu")
 
 
 # --- published findings (Zoology Figure 2; Based Figures 2-3) -----------------------------------------------------
@@ -116,6 +126,8 @@ FINDINGS = {
                                "Based Fig. 3 (Performer feature map)", "down", 0.1),
     "window grows": Finding("sliding-window recall grows with the window (32 vs 8 keys, longest judged T)",
                             "Based Fig. 2", "up", 0.1),
+    "performer state grows": Finding("Performer's recall grows with its state (256 vs 16 features, longest T)",
+                                     "Based Fig. 3 (Performer feature map)", "up", 0.1),
 }
 # The lengths each preset judges, shortest first (default: all). At quick's budget the pilot's dense recall was
 # 0.997 at T=64 but 0.17 at T=128 (the circuit forms there only at batch 64: docs/recall.md), so a T=128 comparison
@@ -137,6 +149,11 @@ QUICK_SD = {"attention solves": 0.006, "linear below attention": 0.049, "perform
 QUICK_EFFECT = {"attention solves": -0.003, "linear below attention": -0.681, "performer below attention": -0.746,
                 "window grows": 0.614}
 VERDICT_SEEDS = [100, 101, 102]
+STATE_FINDINGS = ("attention solves", "linear below attention", "performer below attention", "performer state grows")
+STATE_PILOT_SEEDS = (0, 1, 2)
+STATE_PILOT = "experiments/recall.py:state --seeds 0,1,2 (docs/recall.md, state-size pilot)"
+STATE_SD, STATE_EFFECT = None, None
+STATE_SEEDS = [100, 101, 102]
 
 
 def _rows(groups: dict, kernel: str, t: int, width: int) -> list[dict]:
@@ -171,7 +188,8 @@ def _comparisons(groups: dict, width: int, lengths: list[tuple[int, int]]) -> tu
              "performer below attention": (at("dense", long), at("performer", long)),
              "linear falls": (at("linear", short), at("linear", long)),
              "performer falls": (at("performer", short), at("performer", long)),
-             "window grows": (at("local-8", long), at("local-32", long))}
+             "window grows": (at("local-8", long), at("local-32", long)),
+             "performer state grows": (at("performer-16", long), at("performer-256", long))}
     found = {k: compare(a, b, "test_accuracy") if a and b else (None, []) for k, (a, b) in pairs.items()}
     worst = _worst([at("dense", t) for t, _ in lengths])  # 'solves': dense's worst length against perfect recall
     found = {"attention solves": compare([], worst, "test_accuracy", fixed=1.0) if worst else (None, []), **found}

@@ -144,7 +144,7 @@ def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial_then_analyzes_a
                                         "head_count:bible_all", "pruning:quick", "pruning:full", "diversity:quick",
                                         "diversity:full", "variants:quick", "variants:full", "gqa:quick",
                                         "head_count:demo", "head_count:sharp", "head_count:lm", "pruning:lm",
-                                        "diversity:lm", "dynamic:lm_quick"])
+                                        "diversity:lm", "dynamic:lm_quick", "recall:state"])
 def test_every_shipped_experiment_preset_builds_valid_trials(experiment):
     """Every trial of every preset passes the config validation a run does first (a preset that cannot run --
     e.g. a ListOps length the depth cannot reach -- fails here, not an hour into a sweep)."""
