@@ -92,14 +92,14 @@ def get_experiment(preset: str = "quick") -> dict:
     if preset == "full":
         return {"name": "recall_full", "config": "configs/mqar.py:quick", "overrides": _train(1500, 64),
                 "variants": _variants([64, 128], {**KERNELS, **LEARNED}, LENGTHS), "seeds": VERDICT_SEEDS,
-                "design": Design.of(FINDINGS, None, PILOT, PILOT_SEEDS)}
+                "design": Design.of(FINDINGS, None, PILOT, PILOT_SEEDS, LENGTH_FINDINGS)}
     if preset == "gpu":  # Zoology's data: vocabulary 8192, 100k sequences, T up to 512, one head
         data = {"task.num_train": 100_000, "task.num_test": 3000, "train.num_steps": 20_000,
                 "train.eval_every": 5000, "train.checkpoint_every": 5000, "train.batch_size": 256,
                 "model.num_heads": 1}
         return {"name": "recall_gpu", "config": "configs/mqar.py", "overrides": data,
                 "variants": _variants([64, 128, 256], KERNELS, [*LENGTHS, (512, 64)]), "seeds": VERDICT_SEEDS,
-                "design": Design.of(FINDINGS, None, PILOT, PILOT_SEEDS)}
+                "design": Design.of(FINDINGS, None, PILOT, PILOT_SEEDS, LENGTH_FINDINGS)}
     raise ValueError(f"unknown preset '{preset}' for experiments/recall.py; use quick, state, full or gpu")
 
 
@@ -149,6 +149,7 @@ QUICK_SD = {"attention solves": 0.006, "linear below attention": 0.049, "perform
 QUICK_EFFECT = {"attention solves": -0.003, "linear below attention": -0.681, "performer below attention": -0.746,
                 "window grows": 0.614}
 VERDICT_SEEDS = [100, 101, 102]
+LENGTH_FINDINGS = tuple(k for k in FINDINGS if k != "performer state grows")  # 'full' / 'gpu': no state rows
 STATE_FINDINGS = ("attention solves", "linear below attention", "performer below attention", "performer state grows")
 STATE_PILOT_SEEDS = (0, 1, 2)
 STATE_PILOT = "experiments/recall.py:state --seeds 0,1,2 (docs/recall.md, state-size pilot)"

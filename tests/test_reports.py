@@ -400,7 +400,7 @@ def test_recall_report_judges_the_four_findings_from_paired_seeds(tmp_path):
     exp = Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
                      seeds=[100, 101, 102], variants=variants,
                      design=Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2),
-                                      effect=RECALL_EFFECT))
+                                      recall.LENGTH_FINDINGS, RECALL_EFFECT))
     table, verdicts = recall.report(rows, str(tmp_path), exp, str(tmp_path))[:2]
     assert table.header[1:3] == ["T=64, N=4", "T=128, N=8"] and (tmp_path / "recall_d64.png").exists()
     assert ["linear", "0.790 ± 0.010 (3)", "0.290 ± 0.010 (3)", "5.0"] in table.rows
@@ -418,6 +418,27 @@ def test_recall_report_judges_the_four_findings_from_paired_seeds(tmp_path):
     assert len(by_row) == 4  # quick judges T=64 only: the shortest length is also the longest judged
     assert by_row[recall.FINDINGS["window grows"].claim][3].startswith("+0.400") and \
         by_row[recall.FINDINGS["linear below attention"].claim][3].startswith("-0.210")
+
+
+def test_recall_state_report_judges_performer_state_from_paired_seeds(tmp_path):
+    """The ':state' preset at T=64: Performer at 256 features 0.2 above 16 on every seed (written out: 0.5 - 0.3,
+    seeds shifted alike), reproduced; its four findings and no length findings are judged."""
+    recall = _load(os.path.join(ROOT, "experiments", "recall.py"), "experiment_recall")
+    state = recall.get_experiment("state")
+    value = {"dense": 1.0, "linear": 0.4, "performer": 0.35, "performer-16": 0.3, "performer-256": 0.5}
+    rows = [{"variant": name, "seed": seed, "trial": f"variant={name},seed={seed}", "status": "ok",
+             "test_accuracy": value[name.split("/")[0]] - 0.01 * (seed - 100) * (name.split("/")[0] != "dense"),
+             "test_accuracy_count": 300, "test_loss": 0.1, "steps_per_sec": 5.0}
+            for name in state["variants"] for seed in (100, 101, 102)]
+    design = Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2),
+                       recall.STATE_FINDINGS, {**RECALL_EFFECT, "performer state grows": 0.2})
+    exp = Experiment(name="recall_state", config="", root="", overrides={},
+                     axes=[[{"variant": v} for v in state["variants"]]], seeds=[100, 101, 102],
+                     variants=state["variants"], design=design)
+    by_row = {row[0]: row for row in recall.report(rows, str(tmp_path), exp, str(tmp_path))[1].rows}
+    assert len(by_row) == 4
+    grows = by_row[recall.FINDINGS["performer state grows"].claim]
+    assert grows[3].startswith("+0.200") and grows[-1].startswith("reproduced")
 
 
 def test_head_count_lm_report_judges_minus_the_test_loss(tmp_path):
