@@ -24,7 +24,7 @@ def _quickstart_commands() -> list[str]:
 
 def test_quickstart_is_two_commands_install_then_run():
     main_job, tests = _quickstart_commands()
-    assert main_job.startswith("pip install -e . && python scripts/sweep.py ")
+    assert main_job.startswith('pip install -e ".[bible]" && python scripts/sweep.py ')  # the demo's LM reads verses
     assert tests == 'pip install -e ".[test]" && python -m pytest'
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
     assert "README.md" in ci and "--system-site-packages" not in ci  # CI runs the README's command in a new venv
@@ -32,8 +32,9 @@ def test_quickstart_is_two_commands_install_then_run():
 
 @pytest.mark.slow
 def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
-    """The README's sweep command (its own config and flags; workdir moved to tmp) with a --shard of half its trials
-    and a few steps, then its make_tables command on the result: the path a new user runs first."""
+    """The README's sweep command (its own config and flags; workdir moved to tmp; three books of verses, as the task
+    tests prepare) with a --shard of half its trials and a few steps, then its make_tables command on the result:
+    the path a new user runs first."""
     main_job, _ = _quickstart_commands()
     _, sweep, tables = [shlex.split(part) for part in main_job.split(" && ")]
     assert sweep[:2] == ["python", "scripts/sweep.py"] and tables[:2] == ["python", "scripts/make_tables.py"]
@@ -42,8 +43,8 @@ def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
     assert tables[tables.index("--workdir") + 1] == workdir
     runs = str(tmp_path / "runs")
     sweep, tables = ([runs if a == workdir else a for a in command] for command in (sweep, tables))
-    tiny = ["--shard", "0/2", f"--config.task.data_dir={tmp_path / 'data'}", "--config.task.max_value=199",
-            "--config.train.num_steps=4", "--config.train.eval_every=4", "--config.train.checkpoint_every=4",
+    tiny = ["--shard", "0/2", f"--config.task.data_dir={tmp_path / 'data'}", "--config.task.books=(33,57,31)",
+            "--config.task.vocab_size=300", "--config.train.num_steps=4", "--config.train.eval_every=4", "--config.train.checkpoint_every=4",
             "--config.train.log_every=2", "--config.train.batch_size=16", "--config.train.max_eval_batches=1",
             "--config.wandb.mode=disabled", f"--config.compile_cache={tmp_path / 'cache'}"]
     env = {**os.environ, "PYTHONPATH": ROOT}
@@ -60,7 +61,7 @@ def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
                           env=env)
     assert made.returncode == 0, made.stderr[-2000:]
     table = open(os.path.join(runs, "tables", "head_count.md")).read()
-    assert "### Verdicts" in table and "(exploratory)" in table  # planned out of the family before it ran
+    assert "### Verdicts" in table and "'A-h16' (confirmatory)" in table  # planned from its pilot before it ran
     assert "undecidable" not in table
     assert "Environments of these runs:" in made.stdout and "3 runs: python " in made.stdout
     assert f"jax {env_block['packages']['jax']}" in made.stdout
