@@ -8,7 +8,13 @@ training.json) is the same comparison as one short hash.
 
 :data:`NEUTRAL` keys are left out: they say where files go or how often the loop logs or saves, not what it
 computes (the data order, dropout keys and the learning-rate schedule do not depend on them). ``train.eval_every``
-is *not* neutral: it decides which validation scores ``best`` picks from. Jax-free, like :mod:`attn_lab.results`.
+is *not* neutral: it decides which validation scores ``best`` picks from.
+
+The comparison is of what a run *uses* (:func:`used`), so the lab can grow under a recorded run: a key the record
+lacks compares at today's default (a kernel option, a model kind's keys or an objective added later), an objective
+that is off compares as absent whatever its section holds, and an active objective compares its section in a form
+that does not change when a registry grows (``loss.diversity.kinds`` as the kinds the run's model has). Importing
+this module is jax-free, like :mod:`attn_lab.results`; comparing imports the registries (the defaults live there).
 """
 
 from __future__ import annotations
@@ -26,13 +32,11 @@ from attn_lab.checks import RunError
 NEUTRAL = ("wandb.", "task.data_dir", "compile_cache", "train.log_every", "train.checkpoint_every", "heads.track",
            "parallel.coordinator_address", "parallel.process_id")
 ABSENT = "(absent)"
-# Options added after runs were recorded, at the value that computes what such a run computed: left out of the
-# identity at that value, so a record from before the option existed is the same run (and has the same fingerprint).
-# The fused kernel's options qualify: which implementation 'auto' picks is decided per backend and was never part
-# of a run's identity (dense's 'auto' is cuDNN on a GPU and XLA on a CPU for the same config).
-ADDED_LATER = {"model.attention.local.fused_block_size": 64, "train.init_kv_heads": "same",
-               **{f"model.attention.{kernel}.{option}": value for kernel in ("strided", "longformer", "bigbird")
-                  for option, value in (("implementation", "auto"), ("fused_block_size", None))}}
+# Keys added after runs were recorded whose old behaviour is not today's default: a record without one ran with
+# this value (restore fills it in too: attn_lab/train/restore.py). A key added at the value that computes what older
+# runs computed needs no entry -- a record without it compares at today's default (:func:`used`) -- as the fused
+# kernels' options, whose 'auto' implementation is decided per backend and was never part of a run's identity.
+RECORDED_BEFORE = {"train.weight_decay_on": "all"}
 
 
 def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -63,24 +67,100 @@ def unused_kernels(keys: dict[str, Any]) -> set[str]:
 
 def comparable(config: dict[str, Any]) -> dict[str, Any]:
     """The keys that make the run's identity: every key but the :data:`NEUTRAL` ones, the options of kernels no
-    attention uses (:func:`unused_kernels`: they do nothing) and :data:`ADDED_LATER` options at their old value."""
-    keys = flat(config)
+    attention uses (:func:`unused_kernels`: they do nothing)."""
+    return _comparable_keys(flat(config))
+
+
+def _comparable_keys(keys: dict[str, Any]) -> dict[str, Any]:
     unused = tuple(f"model.attention.{kernel}." for kernel in unused_kernels(keys))
     return {k: v for k, v in keys.items()
-            if not (k.startswith(NEUTRAL) or k + "." in NEUTRAL or (unused and k.startswith(unused))
-                    or (k in ADDED_LATER and v == ADDED_LATER[k]))}
+            if not (k.startswith(NEUTRAL) or k + "." in NEUTRAL or (unused and k.startswith(unused)))}
+
+
+def defaults(keys: dict[str, Any]) -> dict[str, Any]:
+    """Today's default of every key (flat) for the task ``keys`` names: the base config built from the registries,
+    with that task's options (none where the task is no longer registered)."""
+    from attn_lab.data import tasks
+    from attn_lab.train.config import base_config
+
+    config = base_config()
+    try:
+        config.task.update(name=keys.get("task.name"), **tasks.defaults(keys.get("task.name")))
+    except (KeyError, ValueError, TypeError):
+        pass
+    return flat(config.to_dict())
+
+
+def model_kinds(keys: dict[str, Any]) -> tuple[str, ...] | None:
+    """The attention kinds of the model a run's flat config builds (None where its task or model is unknown)."""
+    from attn_lab.data import tasks
+    from attn_lab.models import model_class
+
+    try:
+        kind = tasks.task_spec(keys.get("task.name")).kind or keys.get("task.kind")
+        return tuple(model_class(kind, keys.get("model.name")).ATTENTION)
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _nested(section: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = value
+    return out
+
+
+def _objectives(keys: dict[str, Any], kinds: tuple[str, ...] | None) -> dict[str, Any]:
+    """``keys`` with each registered objective's section as the run uses it: left out when the objective is off,
+    in its canonical form (:meth:`~attn_lab.objectives.base.LossTerm.identity`) when it is on. A ``loss.<name>``
+    section no registered objective owns (one removed since) is left out when none of its weights is above 0."""
+    import ml_collections
+
+    from attn_lab import objectives
+
+    out = dict(keys)
+    owned = []
+    for term in objectives.terms():
+        prefix = term.path + "."
+        owned.append(prefix)
+        section = {k[len(prefix):]: out.pop(k) for k in list(out) if k.startswith(prefix)}
+        if section and term.active(ml_collections.ConfigDict(_nested(section))):
+            out |= {prefix + k: v for k, v in term.identity(section, kinds).items()}
+    for key in [k for k in out if k.startswith("loss.") and not k.startswith(tuple(owned))]:
+        name = ".".join(key.split(".")[:2]) + "."
+        weights = [v for k, v in out.items() if k.startswith(name) and k.endswith("weight")]
+        if not any(isinstance(w, (int, float)) and w > 0 for w in weights):
+            out.pop(key)
+    return out
+
+
+def used(config: dict[str, Any]) -> dict[str, Any]:
+    """What a run uses, as flat keys: its config with every key it lacks at its :data:`RECORDED_BEFORE` value, else
+    at today's default (:func:`defaults`), less what :func:`comparable` leaves out, with the training objectives as
+    :func:`_objectives` says."""
+    keys = flat(config)
+    keys = {**defaults(keys), **RECORDED_BEFORE, **keys}
+    keys = _comparable_keys(keys)
+    return _objectives(keys, model_kinds(keys))
 
 
 def fingerprint(config: dict[str, Any]) -> str:
-    """16 hex digits of the sha256 of :func:`comparable`, canonical JSON."""
-    text = json.dumps(comparable(config), sort_keys=True, separators=(",", ":"))
+    """16 hex digits of the sha256 of :func:`used`, canonical JSON."""
+    text = json.dumps(used(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(key, recorded value, current value)`` for each identity key that differs, sorted by key."""
-    old, new = comparable(recorded), comparable(current)
-    return [(k, old.get(k, ABSENT), new.get(k, ABSENT)) for k in sorted(set(old) | set(new))
+    """``(key, recorded value, current value)`` for each key of what the runs use (:func:`used`) that differs,
+    sorted by key; a value the config itself lacks (filled from a default) shows as :data:`ABSENT`."""
+    raw_old, raw_new = flat(recorded), flat(current)
+    old, new = used(recorded), used(current)
+    shown = lambda k, use, raw: use[k] if k in use and k in raw else ABSENT  # noqa: E731
+    return [(k, shown(k, old, raw_old), shown(k, new, raw_new)) for k in sorted(set(old) | set(new))
             if old.get(k, ABSENT) != new.get(k, ABSENT)]
 
 

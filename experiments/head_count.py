@@ -142,7 +142,8 @@ VERDICT_SEEDS = [100, 101, 102, 103, 104]
 # pieces), so the verdict is about training from scratch to that point, as its claim says.
 # Pilot (seeds 0-4; 'sd: run' and mean difference of its verdict table):
 #   python scripts/sweep.py --experiment experiments/head_count.py:demo --workdir runs/pilot/head_count_demo \
-#       --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 && python scripts/make_tables.py --workdir runs/pilot/head_count_demo
+#       --seeds 0,1,2,3,4 --vmap-seeds --parallel 2
+#   python scripts/make_tables.py --workdir runs/pilot/head_count_demo
 DEMO_STEPS = 200
 DEMO_BUDGET = {"train.num_steps": DEMO_STEPS, "train.eval_every": DEMO_STEPS, "train.checkpoint_every": DEMO_STEPS}
 DEMO_PILOT = "experiments/head_count.py:demo --seeds 0,1,2,3,4 (docs/head_count.md, demo pilot)"

@@ -44,7 +44,8 @@ def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
     runs = str(tmp_path / "runs")
     sweep, tables = ([runs if a == workdir else a for a in command] for command in (sweep, tables))
     tiny = ["--shard", "0/2", f"--config.task.data_dir={tmp_path / 'data'}", "--config.task.books=(33,57,31)",
-            "--config.task.vocab_size=300", "--config.train.num_steps=4", "--config.train.eval_every=4", "--config.train.checkpoint_every=4",
+            "--config.task.vocab_size=300", "--config.train.num_steps=4", "--config.train.eval_every=4",
+            "--config.train.checkpoint_every=4",
             "--config.train.log_every=2", "--config.train.batch_size=16", "--config.train.max_eval_batches=1",
             "--config.wandb.mode=disabled", f"--config.compile_cache={tmp_path / 'cache'}"]
     env = {**os.environ, "PYTHONPATH": ROOT}

@@ -124,6 +124,19 @@ def default_options(name: str) -> dict[str, Any]:
     return {k: params[k].default for k in kernel_options(name)}
 
 
+SCALARS = (bool, int, float, str)
+
+
+def option_type(name: str, option: str) -> type:
+    """The type of a kernel option's value, from its constructor's annotation (``float | None`` -> float), so an
+    option whose default is None takes that type from the command line; int where the annotation names none of
+    bool, int, float, str (the shipped kernels' None defaults are all ints)."""
+    annotation = inspect.signature(KERNELS[name].__init__).parameters[option].annotation
+    words = str(getattr(annotation, "__name__", annotation)).replace("|", " ").replace(",", " ").split()
+    found = [t for t in SCALARS if t.__name__ in words or f"typing.Optional[{t.__name__}]" in words]
+    return found[0] if len(found) == 1 else int
+
+
 def kernel_options(name: str) -> tuple[str, ...]:
     """The option names a kernel accepts (its keyword-only constructor arguments beyond the shared ones)."""
     shared = set(inspect.signature(AttentionKernel.__init__).parameters)

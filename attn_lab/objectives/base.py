@@ -69,6 +69,12 @@ class LossTerm:
         """Whether the term is part of this run's loss."""
         return cfg.weight > 0
 
+    def identity(self, section: dict[str, Any], model_kinds: tuple[str, ...] | None) -> dict[str, Any]:
+        """The active section as a run's identity compares it (``section``: flat keys below the section's path;
+        ``model_kinds``: the attention kinds of the run's model, None where unknown). A value derived from a
+        registry returns here in a form that does not change when the registry grows; by default, as given."""
+        return section
+
     def capture(self, cfg: Any) -> bool | str:
         """What the forward pass must capture for it: True (maps and per-head tensors), 'heads' (per-head values and
         outputs only) or False (nothing)."""

@@ -153,6 +153,14 @@ class Diversity(LossTerm):
     def capture(self, cfg: Any) -> bool | str:
         return needs_capture(cfg)
 
+    def identity(self, section: dict[str, Any], model_kinds: tuple[str, ...] | None) -> dict[str, Any]:
+        """``kinds`` as the kinds of the run's model it selects: its default lists every kind of every registered
+        model, so a new model kind changes the list but not what a run regularizes."""
+        if model_kinds is None:
+            return section
+        chosen = [k.strip() for k in str(section.get("kinds", "")).split(",")]
+        return section | {"kinds": ",".join(k for k in model_kinds if k in chosen)}
+
     def __call__(self, cfg: Any, inputs: TermInputs) -> tuple[jax.Array, dict[str, jax.Array]]:
         total, means = weighted(cfg, inputs.layers, inputs.rows)
         return total, {f"diversity/{name}": value for name, value in means.items()}

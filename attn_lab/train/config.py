@@ -26,7 +26,7 @@ from sacrebleu.metrics import BLEU
 
 from attn_lab import identity, objectives
 from attn_lab.attention import KERNELS, build_kernel, validate_spec
-from attn_lab.attention.registry import default_options
+from attn_lab.attention.registry import default_options, option_type
 from attn_lab.checks import (
     BOOL,
     FRACTION,
@@ -132,7 +132,8 @@ def attention_config(name: str = "dense") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict({"name": name})
     for kernel in sorted(KERNELS):
         c[kernel] = ml_collections.ConfigDict(
-            {k: config_dict.placeholder(int) if v is None else v for k, v in default_options(kernel).items()})
+            {k: config_dict.placeholder(option_type(kernel, k)) if v is None else v
+             for k, v in default_options(kernel).items()})
     return c
 
 

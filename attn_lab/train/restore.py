@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 from flax import nnx, traverse_util
 
+from attn_lab import identity
 from attn_lab.checks import RunError
 from attn_lab.data import Task, load_task
 from attn_lab.identity import checkpoint_steps
@@ -72,14 +73,11 @@ class FinishedRun:
         return [ds[i] for i in range(n)]
 
 
-# Config keys added after runs existed, with the value that reproduces how a run without them was trained (so a
-# run from before restores with its own optimizer state and its derived runs -- gates, fine-tuning -- validate).
-LEGACY_KEYS = {"train.weight_decay_on": "all"}
-
-
 def with_legacy_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """``config`` (a run's config.json) with every :data:`LEGACY_KEYS` entry it lacks set to its old behaviour."""
-    for dotted, value in LEGACY_KEYS.items():
+    """``config`` (a run's config.json) with every :data:`attn_lab.identity.RECORDED_BEFORE` key it lacks at its
+    old behaviour (so a run from before restores with its own optimizer state, and its derived runs -- gates,
+    fine-tuning -- validate); the identity comparison fills the same values."""
+    for dotted, value in identity.RECORDED_BEFORE.items():
         *parents, leaf = dotted.split(".")
         node = config
         for name in parents:
