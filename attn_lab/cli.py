@@ -18,10 +18,13 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from attn_lab import signals
+from attn_lab import plugins, signals
 from attn_lab.checks import call_user_function, load_user_module
 
 flags.disclaim_key_flags()  # a flag defined through this module belongs to its caller (shown by its --help)
+flags.DEFINE_string("plugins", None, "Comma-separated modules or .py files imported first: your own kernels, model "
+                    "kinds, objectives, tasks and analyses (also ATTN_LAB_PLUGINS and the 'attn_lab.plugins' "
+                    "entry-point group; see attn_lab/plugins.py).")
 
 # absl's and ml_collections' reasons for a value that does not parse -> what the key takes
 _REASONS = (("invalid literal for int()", "expected an integer"),
@@ -108,8 +111,13 @@ def parse_flags(argv: list[str]) -> list[str]:
     ml_collections reports an unknown ``--config.x.y`` key with a three-exception traceback, a missing config file
     only when the config is first used, and a config file's own error (an unknown preset) with its traceback; this
     turns those, and any other flag error, into ``error: ...`` on one line and a nonzero exit, before anything is built
-    or compiled.
+    or compiled. Plugins (:func:`attn_lab.plugins.load_all`) are imported first: a config's defaults come from the
+    registries they add to.
     """
+    try:
+        plugins.load_all(argv[1:])
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     _check_config_file(argv[1:])
     try:
         return flags.FLAGS(argv)

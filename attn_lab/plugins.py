@@ -1,0 +1,76 @@
+"""A researcher's own extensions, imported before any config is built: kernels, model kinds, objectives, tasks and
+analyses registered from outside this package.
+
+Three routes, all imported before a command parses its flags (a config file's defaults come from the registries, so
+a plugin's kernel options and objective sections must exist by then):
+
+  --plugins=my_lab.kernels,~/ideas/cosine.py   (any command: importable module names or Python files)
+  ATTN_LAB_PLUGINS=my_lab.kernels               (the same list from the environment)
+  [project.entry-points."attn_lab.plugins"]     (an installed package: cosine = "my_lab.cosine")
+
+A command exports the list it loaded in ``ATTN_LAB_PLUGINS``, so the processes it starts (a sweep's trials, their
+head analyses) import the same modules. Jax-free until a plugin imports something.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from importlib import metadata
+
+from attn_lab.checks import load_user_module
+
+ENV = "ATTN_LAB_PLUGINS"
+GROUP = "attn_lab.plugins"
+_LOADED: dict[str, object] = {}  # what each plugin spec imported, so a second load is a no-op
+
+
+def from_argv(argv: list[str]) -> list[str]:
+    """The ``--plugins`` values of a command line (``--plugins=a,b`` or ``--plugins a,b``), in order."""
+    found = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--plugins="):
+            found.append(arg.split("=", 1)[1])
+        elif arg == "--plugins" and i + 1 < len(argv):
+            found.append(argv[i + 1])
+    return [item.strip() for value in found for item in value.split(",") if item.strip()]
+
+
+def load(spec: str) -> object:
+    """Imports one plugin: a Python file (``.py``; ``~`` expanded) or an importable module name. Raises a one-line
+    ValueError naming the plugin when it cannot be found or fails while it runs."""
+    if spec in _LOADED:
+        return _LOADED[spec]
+    if spec.endswith(".py"):
+        path = os.path.abspath(os.path.expanduser(spec))
+        stem = os.path.splitext(os.path.basename(path))[0]
+        module = load_user_module(path, f"attn_lab_plugin_{stem}")
+    else:
+        try:
+            module = importlib.import_module(spec)
+        except ModuleNotFoundError as e:
+            if e.name and spec.startswith(e.name):
+                raise ValueError(f"plugins: no module named {spec!r} (give an importable module name or a .py "
+                                 "file)") from None
+            raise ValueError(f"plugins: {spec} failed to import: {type(e).__name__}: {e}") from None
+        except Exception as e:  # noqa: BLE001 (a plugin can raise anything: name it in one line)
+            raise ValueError(f"plugins: {spec} failed to import: {type(e).__name__}: {e}") from None
+    _LOADED[spec] = module
+    return module
+
+
+def entry_points() -> list[str]:
+    """The module names installed packages declare in the ``attn_lab.plugins`` entry-point group."""
+    return [ep.value.split(":")[0] for ep in metadata.entry_points(group=GROUP)]
+
+
+def load_all(argv: list[str]) -> list[str]:
+    """Imports every plugin a command is given -- the entry-point group, ``ATTN_LAB_PLUGINS``, then ``--plugins``
+    of ``argv`` -- and exports the list in ``ATTN_LAB_PLUGINS`` for the processes it starts. Returns the list."""
+    specs = entry_points() + [s.strip() for s in os.environ.get(ENV, "").split(",") if s.strip()] + from_argv(argv)
+    specs = list(dict.fromkeys(os.path.abspath(os.path.expanduser(s)) if s.endswith(".py") else s for s in specs))
+    for spec in specs:
+        load(spec)
+    if specs:
+        os.environ[ENV] = ",".join(specs)
+    return specs

@@ -1,0 +1,121 @@
+"""A researcher's idea lives in their own repository (attn_lab/plugins.py): a module outside ``attn_lab/`` that
+registers a kernel, a model kind, an objective, a task and an analysis is imported by ``--plugins`` (a file or a
+module name), ``ATTN_LAB_PLUGINS`` or the entry-point group, before the config is built; a plugin that cannot be
+imported is one line naming it."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from attn_lab import plugins
+from tests.helpers import ROOT, tiny_numbers_flags
+
+PLUGIN = textwrap.dedent('''
+    """A forker's extensions, one of each kind, outside the attn_lab package."""
+    import ml_collections
+    from flax import nnx
+
+    from attn_lab.analysis import methods
+    from attn_lab.attention.dense import DenseAttention
+    from attn_lab.attention.registry import register
+    from attn_lab.data import tasks
+    from attn_lab.models import sites
+    from attn_lab.objectives import LossTerm, register_term
+
+
+    @register("plugin_kernel")
+    class PluginKernel(DenseAttention):
+        """Dense attention with a temperature on the logits' scale (an option of the plugin's own)."""
+
+        def __init__(self, *, sharpness: float | None = None, **shared):
+            super().__init__(**shared)
+            self.sharpness = sharpness
+
+
+    @register_term
+    class PluginTerm(LossTerm):
+        name = "plugin_term"
+
+        def default_config(self):
+            return ml_collections.ConfigDict({"weight": 0.0})
+
+
+    @sites.register_model("plugin_model")
+    class PluginModel(nnx.Module):
+        TASK_KINDS = ("classification",)
+        ATTENTION = {"plugin_self": sites.KindSpec(mask="key_padding")}
+        GENERATES = False
+
+
+    tasks.register(tasks.TaskSpec("plugin_task", "translation", {"size": 3}, tasks.task_spec("numbers").load))
+
+
+    @methods.register_method("plugin_analysis", order=50)
+    def plugin_analysis(ctx):
+        """The attention kinds of the analysed model and their mask shapes."""
+        ctx.output("plugin_analysis", {k: list(v) for k, v in ctx.shapes.items()})
+''')
+TRAIN = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--config",
+         os.path.join(ROOT, "configs", "numbers.py:quick")]
+ANALYZE = [sys.executable, os.path.join(ROOT, "scripts", "analyze_heads.py")]
+
+
+@pytest.fixture
+def plugin_file(tmp_path):
+    path = tmp_path / "my_ideas" / "cosine.py"
+    path.parent.mkdir()
+    path.write_text(PLUGIN)
+    return path
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != plugins.ENV}
+    return {**env, "PYTHONPATH": ROOT, "WANDB_MODE": "disabled", **extra}
+
+
+def test_from_argv_reads_both_flag_forms():
+    assert plugins.from_argv(["--plugins=a.b,c.py", "--x", "--plugins", "d"]) == ["a.b", "c.py", "d"]
+    assert plugins.from_argv(["--config", "x.py"]) == []
+
+
+def test_a_missing_or_failing_plugin_is_one_line(tmp_path):
+    with pytest.raises(ValueError, match=r"^plugins: no module named 'no_such_lab\.kernels'"):
+        plugins.load("no_such_lab.kernels")
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise RuntimeError('not ready')\n")
+    with pytest.raises(ValueError, match=r"bad\.py:1: RuntimeError: not ready$"):
+        plugins.load(str(bad))
+    proc = subprocess.run([*TRAIN, "--workdir", str(tmp_path / "run"), "--plugins=no_such_lab.kernels"],
+                          capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1] == (
+        "error: plugins: no module named 'no_such_lab.kernels' (give an importable module name or a .py file)")
+    assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_a_plugin_file_s_kernel_objective_and_analysis_run_from_the_command_line(plugin_file, tmp_path, data_dir):
+    """``--plugins=<file>``: the plugin's kernel, with its float option set by flag, trains a tiny run; its
+    objective's section and its model kind's attention kind are in the recorded config; its analysis runs on the
+    run. The same run again, the plugin given by module name through ATTN_LAB_PLUGINS, has nothing to do."""
+    workdir = str(tmp_path / "run")
+    flags = [*tiny_numbers_flags(data_dir), "--config.compile_cache=", "--config.model.attention.name=plugin_kernel",
+             "--config.model.attention.plugin_kernel.sharpness=0.5"]
+    proc = subprocess.run([*TRAIN, "--workdir", workdir, f"--plugins={plugin_file}", *flags],
+                          capture_output=True, text=True, timeout=600, env=_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    config = json.load(open(os.path.join(workdir, "results.json")))["config"]
+    assert config["model"]["attention"]["plugin_kernel"] == {"sharpness": 0.5}
+    assert config["loss"]["plugin_term"] == {"weight": 0.0} and "plugin_self" in config["model"]["kinds"]
+    again = subprocess.run([*TRAIN, "--workdir", workdir, *flags], capture_output=True, text=True, timeout=600,
+                           env=_env(ATTN_LAB_PLUGINS="cosine", PYTHONPATH=f"{ROOT}:{plugin_file.parent}"))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.endswith("nothing to do\n")
+    shapes = subprocess.run([*ANALYZE, "--workdir", workdir, "--what", "plugin_analysis", f"--plugins={plugin_file}"],
+                            capture_output=True, text=True, timeout=600, env=_env())
+    assert shapes.returncode == 0, shapes.stderr[-2000:]
+    written = json.load(open(os.path.join(workdir, "analysis", "plugin_analysis.json")))
+    assert written == {"encoder_self": [1, 4], "decoder_self": [1, 4], "cross": [1, 4]}
