@@ -66,9 +66,10 @@ TASKS = {  # preset prefix -> (config, overrides)
     # adaptive span is a language-model method (Sukhbaatar et al.): the decoder-only LM, 64-token windows, 400 steps
     "lm_": ("configs/bible_lm.py:quick", {}),
 }
-# The LM has self-attention only: every kind gets the variant's kernel (no cross-attention to keep softmax)
-LM_VARIANTS = {**VARIANTS, "adaptive_span": {k: v for k, v in VARIANTS["adaptive_span"].items()
-                                             if not k.startswith("model.kinds.")}}
+# The LM and the ListOps classifier have self-attention only: every kind gets the variant's kernel (no
+# cross-attention to keep softmax; naming one is refused by validation: tests/test_sweep.py checks every preset)
+SELF_ONLY = {**VARIANTS, "adaptive_span": {k: v for k, v in VARIANTS["adaptive_span"].items()
+                                           if not k.startswith("model.kinds.")}}
 
 
 def get_experiment(preset: str = "quick") -> dict:
@@ -84,7 +85,7 @@ def get_experiment(preset: str = "quick") -> dict:
         span = {"model.attention.adaptive_span.max_span": 1024, "model.attention.adaptive_span.ramp": 32.0}
         return {"name": "dynamic_gpu", "config": "configs/listops.py",
                 "overrides": {"task.min_length": 500, "task.max_length": 2000, "task.max_depth": 10},
-                "variants": {**VARIANTS, "adaptive_span": {**VARIANTS["adaptive_span"], **span}},
+                "variants": {**SELF_ONLY, "adaptive_span": {**SELF_ONLY["adaptive_span"], **span}},
                 "seeds": [0, 1, 2], "analyze": {"what": ["diagnose"]}, "design": design()}
     prefix, _, size = preset.rpartition("_") if preset.startswith(("listops_", "lm_")) else ("", "", preset)
     prefix = prefix + "_" if prefix else ""
@@ -92,12 +93,12 @@ def get_experiment(preset: str = "quick") -> dict:
         raise ValueError(f"unknown preset '{preset}' for experiments/dynamic.py; "
                          "use quick, full, listops_quick, listops_full, lm_quick, lm_full or gpu")
     config, overrides = TASKS[prefix]
-    variants = LM_VARIANTS if prefix == "lm_" else VARIANTS
+    variants = SELF_ONLY if prefix else VARIANTS
     if size == "full":
         config, overrides = config.split(":")[0], {}
         if prefix:  # full ListOps sequences reach 512 tokens: spans may cover them, with the paper's ramp
             span = {"model.attention.adaptive_span.max_span": 512, "model.attention.adaptive_span.ramp": 32.0}
-            variants = {**VARIANTS, "adaptive_span": {**VARIANTS["adaptive_span"], **span}}
+            variants = {**variants, "adaptive_span": {**variants["adaptive_span"], **span}}
     if (prefix, size) == ("lm_", "quick"):  # judged in nats, planned from its own pilot
         return {"name": "dynamic_lm_quick", "config": config, "overrides": overrides, "variants": variants,
                 "seeds": VERDICT_SEEDS, "analyze": {"what": ["diagnose"]},

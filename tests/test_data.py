@@ -274,13 +274,10 @@ def test_each_host_reads_only_its_rows_and_together_they_make_the_batch(numbers_
 
 
 def test_unknown_task_name_one_line_error(tmp_path):
-    assert TASKS == ("bible", "bible_lm", "digits", "dretrieval", "listops", "mqar", "numbers", "sentiment",
-                     "tfds:<name>")  # the registry, sorted
+    assert TASKS[-1] == "tfds:<name>" and list(TASKS[:-1]) == sorted(TASKS[:-1])  # the registry, sorted
     with pytest.raises(ValueError) as err:
         load_task(_cfg(name="foo"), data_dir=str(tmp_path))
-    assert str(err.value) == ("unknown task.name 'foo'; choose one of: bible, bible_lm, digits, dretrieval, listops, "
-                              "mqar, "
-                              "numbers, sentiment, tfds:<name>")
+    assert str(err.value) == f"unknown task.name 'foo'; choose one of: {', '.join(TASKS)}"
     assert not os.listdir(tmp_path)
 
 
