@@ -99,6 +99,36 @@ def test_sampling_with_temperature_and_top_k_cached_equals_uncached_and_follows_
         compile_generate(graphdef, 2, top_k=0)
 
 
+@pytest.mark.parametrize("kwargs,line", [
+    ({"new_tokens": -3}, "new_tokens must be a positive integer, got -3"),
+    ({"new_tokens": 0}, "new_tokens must be a positive integer, got 0"),
+    ({"new_tokens": 2.5}, "new_tokens must be a positive integer, got 2.5"),
+    ({"new_tokens": 2, "temperature": float("nan")}, "temperature must be a finite number >= 0 (0: greedy), got nan"),
+    ({"new_tokens": 2, "temperature": float("inf")}, "temperature must be a finite number >= 0 (0: greedy), got inf"),
+    ({"new_tokens": 2, "temperature": -1.0}, "temperature must be a finite number >= 0 (0: greedy), got -1.0"),
+])
+def test_generation_arguments_that_cannot_work_are_one_line_naming_them(kwargs, line):
+    graphdef, _ = _state(_lm())
+    with pytest.raises(ValueError) as info:
+        compile_generate(graphdef, **kwargs)
+    assert str(info.value) == line
+
+
+def test_an_empty_prompt_or_one_past_the_model_s_positions_is_refused_before_compiling():
+    """An empty prompt would feed the pad id as its first token; a continuation past the position table would
+    repeat positions (and tokens). Both are one line; a prompt that fits exactly still generates."""
+    model = _lm()
+    graphdef, state = _state(model)
+    limit, key = model.max_positions, jax.random.key(0)
+    with pytest.raises(ValueError, match=r"^prompt is empty: give at least one token"):
+        compile_generate(graphdef, 2)(state, jnp.zeros((B, 0), jnp.int32), key)
+    with pytest.raises(ValueError) as info:
+        compile_generate(graphdef, 3)(state, _tokens(1, (B, limit - 2)), key)
+    assert str(info.value) == (f"prompt ({limit - 2} tokens) + new_tokens (3) = {limit + 1} passes the model's "
+                               f"{limit} positions; generate at most 2 tokens after this prompt")
+    assert compile_generate(graphdef, 2)(state, _tokens(1, (B, limit - 2)), key).shape == (B, limit)
+
+
 def test_structural_pruning_of_an_lm_equals_masking():
     model, tokens = _lm(num_kv_heads=None), _tokens(3)  # keep_heads needs a key/value head per query head
     masks = {"decoder_self": np.array([[1, 0, 1, 1], [0, 0, 1, 0]], np.float32)}

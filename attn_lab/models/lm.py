@@ -39,6 +39,11 @@ class LanguageModel(nnx.Module):
                             else nnx.Linear(cfg.d_model, vocab_size, rngs=rngs, dtype=dtype(cfg)))
         self.gates = make_gates(gates, {"decoder_self": (cfg.num_layers, cfg.num_heads)})
 
+    @property
+    def max_positions(self) -> int:
+        """How many positions the model has (its position table's length): generation stops short of it."""
+        return self.decoder.max_len
+
     @staticmethod
     def layout(cfg: Any, inputs: int, targets: int | None) -> dict[str, tuple[int, int]]:
         """(layers, longest keys): the stack sees the whole padded sequence."""

@@ -10,6 +10,7 @@ causal model over the whole buffer and reads position t, O(T^2) per token. Both 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -73,13 +74,38 @@ def generate_uncached(state: dict, prompt: jax.Array, key: jax.Array, *, graphde
     return jax.lax.fori_loop(prompt_len, prompt_len + new_tokens, body, tokens)
 
 
+def check_request(prompt_len: int, new_tokens: int, max_positions: int | None) -> None:
+    """One-line ValueErrors, before anything compiles, for a prompt the model cannot continue: an empty prompt (the
+    loop would feed the pad id as the first token) or one whose continuation passes the model's positions (their
+    table ends there: the positions would repeat and so would the output)."""
+    if prompt_len < 1:
+        raise ValueError("prompt is empty: give at least one token to continue (shape [batch, tokens])")
+    if max_positions is not None and prompt_len + new_tokens > max_positions:
+        raise ValueError(f"prompt ({prompt_len} tokens) + new_tokens ({new_tokens}) = {prompt_len + new_tokens} "
+                         f"passes the model's {max_positions} positions; generate at most "
+                         f"{max(max_positions - prompt_len, 0)} tokens after this prompt")
+
+
 def compile_generate(graphdef: Any, new_tokens: int, *, cached: bool = True, temperature: float = 0.0,
                      top_k: int | None = None):
-    """The jitted ``(state, prompt [B, P], key) -> [B, P + new_tokens]`` for one model graph."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k}")
+    """The jitted ``(state, prompt [B, P], key) -> [B, P + new_tokens]`` for one model graph; each call first checks
+    the prompt against the model's positions (:func:`check_request`). Arguments that cannot work are one-line
+    ValueErrors naming them, here, before anything compiles."""
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        raise ValueError(f"new_tokens must be a positive integer, got {new_tokens!r}")
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
     fn = generate_cached if cached else generate_uncached
-    return jax.jit(functools.partial(fn, graphdef=graphdef, new_tokens=new_tokens, temperature=temperature,
-                                     top_k=top_k))
+    run = jax.jit(functools.partial(fn, graphdef=graphdef, new_tokens=new_tokens, temperature=temperature,
+                                    top_k=top_k))
+
+    limit: list[int | None] = []  # the graph's positions (static): read once, from the first state
+
+    def checked(state: dict, prompt: jax.Array, key: jax.Array) -> jax.Array:
+        if not limit:
+            limit.append(getattr(merge(graphdef, state), "max_positions", None))
+        check_request(prompt.shape[-1], new_tokens, limit[0])
+        return run(state, prompt, key)
+    return checked
