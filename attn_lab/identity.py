@@ -155,12 +155,14 @@ def fingerprint(config: dict[str, Any]) -> str:
 
 
 def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(key, recorded value, current value)`` for each key of what the runs use (:func:`used`) that differs,
-    sorted by key; a value the config itself lacks (filled from a default) shows as :data:`ABSENT`."""
+    """``(key, recorded value, current value)`` for each key of what the runs use (:func:`used`) that differs; a
+    value the config itself lacks (filled from a default) shows as :data:`ABSENT`. Keys both runs use come first
+    (then by key): another kernel is named by ``model.attention.name``, not by the first option only one has."""
     raw_old, raw_new = flat(recorded), flat(current)
     old, new = used(recorded), used(current)
     shown = lambda k, use, raw: use[k] if k in use and k in raw else ABSENT  # noqa: E731
-    return [(k, shown(k, old, raw_old), shown(k, new, raw_new)) for k in sorted(set(old) | set(new))
+    keys = sorted(set(old) | set(new), key=lambda k: (not (k in old and k in new), k))
+    return [(k, shown(k, old, raw_old), shown(k, new, raw_new)) for k in keys
             if old.get(k, ABSENT) != new.get(k, ABSENT)]
 
 

@@ -82,6 +82,21 @@ def test_a_record_from_before_the_fused_options_is_the_same_run(kernel):
         (f"model.attention.{kernel}.fused_block_size", identity.ABSENT, 32)]
 
 
+def test_a_resume_with_another_kernel_names_the_kernel_key_first():
+    """Another kernel changes model.attention.name and brings the new kernel's options into use: the line names
+    the key the user changed, not an option only one run has."""
+    base = load_config("numbers", "quick")
+    other = base.copy_and_resolve_references()
+    other.model.attention.name = "local"
+    diffs = identity.differences(base.to_dict(), other.to_dict())
+    assert diffs[0] == ("model.attention.name", "dense", "local")
+    assert {d[0] for d in diffs[1:]} == ({f"model.attention.local.{k}" for k in other.model.attention.local}
+                                         | {f"model.attention.dense.{k}" for k in base.model.attention.dense})
+    line = identity.mismatch_text("runs/x", "runs/x/results.json", diffs, identity.FRESH)
+    assert line.startswith("runs/x was trained with model.attention.name='dense' (runs/x/results.json), this config "
+                           "has model.attention.name='local' (and ")
+
+
 def test_the_command_line_form_of_the_tiny_run_is_the_same_run(tmp_path):
     config = load_config("numbers", "quick")
     check_config_overrides(config, tiny_numbers_flags(str(tmp_path)))
@@ -92,8 +107,8 @@ def test_the_mismatch_line_names_the_first_key_both_values_and_how_many_more():
     old = {"train": {"learning_rate": 1e-3, "num_steps": 10, "batch_size": 8}, "seed": 0}
     new = {"train": {"learning_rate": 2e-3, "num_steps": 20, "batch_size": 8}, "seed": 0, "extra": 1}
     line = identity.mismatch_text("runs/x", "runs/x/config.json", identity.differences(old, new), "do this")
-    assert line == ("runs/x was trained with extra='(absent)' (runs/x/config.json), this config has extra=1 "
-                    "(and 2 more: train.learning_rate, train.num_steps); do this")
+    assert line == ("runs/x was trained with train.learning_rate=0.001 (runs/x/config.json), this config has "
+                    "train.learning_rate=0.002 (and 2 more: train.num_steps, extra); do this")  # both-sided keys first
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
