@@ -101,6 +101,12 @@ def test_uptraining_mistakes_are_one_line(source_run, data_dir, tmp_path):
     with pytest.raises(RunError, match=r"parameter \S+/(key|value)/(kernel|bias) is \((32, )?4, 8\) in .*, "
                                        r"\((32, )?2, 8\) here; train.init_kv_heads='mean_pool' pools"):
         Run(c, str(tmp_path / "refused"))
+    assert not os.path.exists(tmp_path / "refused")  # refused before the folder (lock, checkpoints) is made
+    wider = tiny_numbers(data_dir, init_from=source_run)  # another width: every array differs, one line names one
+    wider.wandb.mode, wider.model.d_model = "disabled", 48
+    with pytest.raises(RunError, match=r"^train.init_from: parameter \S+ is \([\d, ]+\) in \S+, \([\d, ]+\) here$"):
+        Run(wider, str(tmp_path / "wider"))
+    assert not os.path.exists(tmp_path / "wider")
 
 
 def test_vmapped_seeds_each_start_from_their_own_seed_s_run(source_run, data_dir, tmp_path):

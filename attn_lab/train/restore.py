@@ -111,6 +111,32 @@ def load_finished_run(workdir: str) -> FinishedRun:
     return FinishedRun(config, task, graphdef, state, int(step))
 
 
+def _pooled(path: str, p: tuple, source: Any, shape: tuple, kv_heads: str) -> bool:
+    """Whether parameter ``p`` (``shape`` here) is mean-pooled from the source's array: False when the shapes
+    agree or the source lacks it; a one-line RunError for any other shape difference."""
+    if source is None or tuple(source.shape) == tuple(shape):
+        return False
+    if kv_heads == "mean_pool" and uptrain.poolable(p, source.shape, shape):
+        return True
+    hint = ("; train.init_kv_heads='mean_pool' pools key/value heads into groups (GQA uptraining)"
+            if kv_heads == "same" and uptrain.poolable(p, source.shape, shape) else "")
+    raise RunError(f"train.init_from: parameter {'/'.join(map(str, p))} is {tuple(source.shape)} in {path}, "
+                   f"{tuple(shape)} here{hint}")
+
+
+def source_params(path: str) -> dict:
+    """The finished run's parameters in ``path``, flat (``{(module, ..., name): array}``)."""
+    return traverse_util.flatten_dict(load_finished_run(path).state["params"])
+
+
+def check_warm_start(path: str, shapes: dict, kv_heads: str = "same") -> None:
+    """The shape check of :func:`warm_start` alone (``shapes``: this model's flat parameter shapes), so a source run
+    of another size is refused in one line before the run's folder is made."""
+    source = source_params(path)
+    for p, shape in shapes.items():
+        _pooled(path, p, source.get(p), shape, kv_heads)
+
+
 def warm_start(path: str, states: list[dict], verbose: bool, kv_heads: str = "same") -> list[dict]:
     """Each seed's state with every parameter that the finished run in ``path`` also has (same path, same shape)
     taken from it; parameters it lacks (e.g. new head gates) keep their initialization; the optimizer starts fresh.
@@ -118,19 +144,11 @@ def warm_start(path: str, states: list[dict], verbose: bool, kv_heads: str = "sa
 
     ``kv_heads='mean_pool'``: a key/value projection with more heads in the source than here is mean-pooled into
     this model's groups (GQA uptraining, :mod:`attn_lab.train.uptrain`); any other shape difference is refused."""
-    source = traverse_util.flatten_dict(load_finished_run(path).state["params"])
+    source = source_params(path)
     out, pooled = [], set()
     for state in states:
         params = traverse_util.flatten_dict(state["params"])
-        for p, v in params.items():
-            if p in source and source[p].shape != v.shape:
-                if kv_heads == "mean_pool" and uptrain.poolable(p, source[p].shape, v.shape):
-                    pooled.add(p)
-                    continue
-                hint = ("; train.init_kv_heads='mean_pool' pools key/value heads into groups (GQA uptraining)"
-                        if uptrain.is_kv_param(p) and kv_heads == "same" else "")
-                raise RunError(f"train.init_from: parameter {'/'.join(map(str, p))} is {source[p].shape} in "
-                               f"{path}, {v.shape} here{hint}")
+        pooled |= {p for p, v in params.items() if _pooled(path, p, source.get(p), v.shape, kv_heads)}
         taken = {p: (uptrain.mean_pool_heads(source[p], v.shape[-2]).astype(source[p].dtype) if p in pooled
                      else source.get(p, v)) for p, v in params.items()}
         out.append({**state, "params": traverse_util.unflatten_dict(taken)})

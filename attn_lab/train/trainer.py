@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from flax import nnx
+from flax import nnx, traverse_util
 
 from attn_lab import identity, objectives, results
 from attn_lab.attention.dispatch import describe_dispatch
@@ -34,7 +34,7 @@ from attn_lab.train.decode import compile_decode, split_beam_size
 from attn_lab.train.logging import MetricLogger
 from attn_lab.train.loop import LoopStats, speed, train_loop
 from attn_lab.train.parallel import DataParallel, main_process_first
-from attn_lab.train.restore import warm_start
+from attn_lab.train.restore import check_warm_start, warm_start
 from attn_lab.train.seeds import SEED_FIELD, seed_map, stack, unstack
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer, merge, model_state
 from attn_lab.train.workdir import lock_workdirs
@@ -68,8 +68,10 @@ class Run:
         self.parallel = DataParallel(config.parallel.shard_params)
         self.parallel.check_batch_size(config.train.batch_size)
         self.task = _load_task(config)
-        # Folders are made (and locked) only once the data loaded: a failed load leaves nothing behind. With several
-        # processes on one shared folder, process 0 holds the lock for all of them.
+        if config.train.init_from and not any(identity.has_checkpoint(w) for w in self.workdirs):
+            self._check_warm_starts(config)
+        # Folders are made (and locked) only once the data loaded and a warm start's shapes fit: a failure leaves
+        # nothing behind. With several processes on one shared folder, process 0 holds the lock for all of them.
         self.locks = lock_workdirs(self.workdirs) if self.main else []
         self.ckpts, self.loggers = [], []
         try:
@@ -80,12 +82,23 @@ class Run:
             self.close()
             raise
 
+    def _model(self, config: Any, seed: int) -> nnx.Module:
+        max_len = max(self.task.max_input_length, self.task.max_target_length or 0) + 1
+        return build_model(config.model, kind=self.task.kind, vocab_size=self.task.vocab.size, max_len=max_len,
+                           num_classes=self.task.num_classes, seed=seed, gates=config.heads.gates)
+
+    def _check_warm_starts(self, config: Any) -> None:
+        """Each ``train.init_from`` run's parameter shapes against this model's (built abstractly: nothing is
+        computed or written), so a source of another size is one line before the folder exists."""
+        abstract = nnx.eval_shape(lambda: self._model(config, 0))
+        shapes = {p: v.shape for p, v in traverse_util.flatten_dict(
+            nnx.to_pure_dict(nnx.state(abstract, nnx.Param))).items()}
+        for source in dict.fromkeys(c.train.init_from for c in self.configs):
+            check_warm_start(source, shapes, config.train.init_kv_heads)
+
     def _build(self, config: Any, log: bool) -> None:
         """Models, compiled steps, the restored (or initialized) state and the loggers."""
-        max_len = max(self.task.max_input_length, self.task.max_target_length or 0) + 1
-        models = [build_model(config.model, kind=self.task.kind, vocab_size=self.task.vocab.size, max_len=max_len,
-                              num_classes=self.task.num_classes, seed=s, gates=config.heads.gates)
-                  for s in self.seeds]
+        models = [self._model(config, s) for s in self.seeds]
         self.num_params = count_params(models[0])
         self.learns_shape = bool(learned_lib.per_head(models[0]))  # some kernel learns spans / alphas
         self.dispatch = describe_dispatch(models[0])  # which implementation each attention kind gets, for the log
