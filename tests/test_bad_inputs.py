@@ -390,3 +390,23 @@ def test_bad_analysis_and_tables_command_lines_are_one_line_and_write_nothing(tm
         assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), (command, proc.stderr)
         assert fill(message) in proc.stderr, (command, proc.stderr)
     assert _files(tmp_path) == before
+
+
+def test_a_target_limit_that_cuts_every_training_target_is_refused_before_the_folder_exists(tmp_path, data_dir):
+    """numbers with task.max_target_length=4: every German number word is longer, so a model trained on the cut
+    targets never sees one end -- one line naming the key, its value and the longest target; the run's folder is
+    not made. A limit that cuts only some targets stays a note (the run builds)."""
+    from attn_lab.train.trainer import Run, TaskError
+    from tests.helpers import tiny_numbers
+
+    config = tiny_numbers(data_dir)
+    config.task.max_target_length, config.wandb.mode = 4, "disabled"
+    with pytest.raises(TaskError) as info:
+        Run(config, str(tmp_path / "cut"))
+    line = str(info.value)
+    assert line.startswith("task.max_target_length=4 cuts ") and "\n" not in line
+    longest = int(line.split("(the longest: ")[1].split(" ")[0])
+    assert line.endswith(f"raise it to {longest} or more") and longest > 4
+    assert not os.path.exists(tmp_path / "cut")
+    config.task.max_target_length = longest - 2  # a few targets cut: a note, not an error
+    Run(config, str(tmp_path / "some")).close()

@@ -240,7 +240,24 @@ def _load_task(config: Any) -> Any:
     if batch > examples:
         raise TaskError(f"train.batch_size={batch} exceeds the training split of task '{name}' ({examples} "
                         "examples); lower it")
+    _check_targets(task)
     return task
+
+
+CUT_REFUSED = 0.95  # share of cut training targets at which a generation task cannot learn where to stop
+
+
+def _check_targets(task: Any) -> None:
+    """A generation (translation) task whose target limit cuts all or nearly all (>= :data:`CUT_REFUSED`) of its
+    training targets is refused in one line: trained on cut targets it never sees an end, so no output can be
+    right. A smaller share stays a note at the run's start (:func:`_cut_notes`)."""
+    if task.kind != "translation":
+        return
+    cut, seen, longest = task.overlong("train").get("max_target_length", (0, 0, 0))
+    if seen and cut >= CUT_REFUSED * seen:
+        raise TaskError(f"task.max_target_length={task.max_target_length} cuts {cut} of the first {seen} training "
+                        f"targets (the longest: {longest} tokens, end of sequence included), so the model could never "
+                        f"produce a whole output; raise it to {longest} or more")
 
 
 def use_compile_cache(path: str | None) -> None:
