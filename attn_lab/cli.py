@@ -105,6 +105,18 @@ def _check_config_file(argv: list[str]) -> None:
         sys.exit(f"error: --config={values[0]}: {e}")
 
 
+HELP = {"--help": True, "-h": True, "-?": True, "--helpshort": True, "--helpfull": False}
+
+
+def _help(argv: list[str]) -> None:
+    """``--help`` (``-h``, ``--helpshort``; ``--helpfull`` for every library's flags too): the command's usage and
+    its flags on stdout, exit status 0 (absl's own help flag exits 1), before any config file is loaded."""
+    asked = [HELP[a] for a in argv if a in HELP]
+    if asked:
+        app.usage(shorthelp=all(asked), writeto_stdout=True)
+        sys.exit(0)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flags parser for ``app.run(..., flags_parser=parse_flags)``.
 
@@ -118,6 +130,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         plugins.load_all(argv[1:])
     except ValueError as e:
         sys.exit(f"error: {e}")
+    _help(argv[1:])
     _check_config_file(argv[1:])
     try:
         return flags.FLAGS(argv)

@@ -410,3 +410,15 @@ def test_a_target_limit_that_cuts_every_training_target_is_refused_before_the_fo
     assert not os.path.exists(tmp_path / "cut")
     config.task.max_target_length = longest - 2  # a few targets cut: a note, not an error
     Run(config, str(tmp_path / "some")).close()
+
+
+@pytest.mark.parametrize("module", ["attn_lab.train", "attn_lab.sweep", "attn_lab.analysis", "attn_lab.reporting"])
+def test_help_prints_the_usage_and_its_flags_and_exits_0(module, tmp_path):
+    """Every command's --help (and -h) is its usage on stdout with exit status 0 (absl's help exits 1), speaks to
+    users (no notes on the package's layers) and builds nothing."""
+    for flag in ("--help", "-h"):
+        proc = subprocess.run([sys.executable, "-m", module, flag], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+        assert proc.returncode == 0, proc.stderr[-1000:]
+        assert "--workdir" in proc.stdout and "python -m " + module in proc.stdout
+        assert "above every layer" not in proc.stdout and not os.listdir(tmp_path)

@@ -4,15 +4,13 @@
   python -m attn_lab.reporting --workdir runs/head_count
   python -m attn_lab.reporting --workdir runs/variants --bench bench/attention.csv
 
-Reads ``<workdir>/sweep.json`` (written by ``python -m attn_lab.sweep``) to find the experiment file, collects every
-trial's results.json, and hands the rows to the ``report`` function that file defines (it reads the trials'
-``analysis/*.json`` itself where it needs them, groups seeds and prints its published numbers beside ours); writes
-``<workdir>/tables/<experiment file stem>.md``, ``.tex`` and PNGs (``--out`` for another folder).
-
-An entry point, above every layer: it reads the sweep folder with :mod:`attn_lab.sweep` (the experiment and its
-trials' rows), which the library modules of :mod:`attn_lab.reporting` never import.
+Writes ``<workdir>/tables/<experiment name>.md``, ``.tex`` and PNGs (``--out`` for another folder): the table of
+the experiment the sweep ran, mean +- sd over seeds, and its verdicts where the experiment has a design.
 """
-
+# An entry point, above every layer: it reads the sweep folder with attn_lab.sweep (sweep.json names the experiment
+# file; every trial's results.json gives the rows) and hands the rows to the ``report`` function that file defines,
+# which reads the trials' analysis/*.json where it needs them. The library modules of attn_lab.reporting never
+# import attn_lab.sweep.
 from __future__ import annotations
 
 import csv
