@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -16,18 +16,18 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: str) -> None:
+def save_figure(fig, path: str) -> None:
     """Writes the PNG atomically (a temp file renamed into place) and frees the figure."""
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=100)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     os.replace(tmp, path)
 
 
 def grid_plot(path: str, grids: dict[str, np.ndarray], title: str) -> None:
     """One layer x head heatmap per attention kind, side by side."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(grids), figsize=(4 * len(grids), 3), squeeze=False)
     for ax, (kind, grid) in zip(axes[0], grids.items()):
         im = ax.imshow(np.asarray(grid), cmap="viridis", aspect="auto")
@@ -35,19 +35,19 @@ def grid_plot(path: str, grids: dict[str, np.ndarray], title: str) -> None:
         _integer_ticks(ax.xaxis, ax.yaxis)  # layers and heads are counted: no tick at layer 0.5
         fig.colorbar(im, ax=ax)
     fig.suptitle(title)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def histogram_plot(path: str, values: dict[str, np.ndarray], *, xlabel: str, title: str,
                    bins: np.ndarray | int = 20) -> None:
     """One histogram panel per name (e.g. learned entmax alpha of every head, per attention kind)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(values), figsize=(4 * len(values), 3), squeeze=False)
     for ax, (name, v) in zip(axes[0], values.items()):
         ax.hist(np.ravel(v), bins=bins)
         ax.set(title=name, xlabel=xlabel, ylabel="heads")
     fig.suptitle(title)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _integer_ticks(*axes) -> None:
@@ -63,7 +63,7 @@ def line_plot(path: str, lines: dict[str, tuple[list[float], list[float]]], *, x
     """One line per name through its (x, y) points, e.g. a metric vs % of heads pruned per pruning order;
     ``spread[name]``: a (low, high) error bar per point (e.g. the seeds' range), named by ``spread_label`` in the
     legend's title. An x axis of whole numbers only (heads kept, layers) gets whole-number ticks."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for name, (x, y) in lines.items():
         if spread and name in spread:
@@ -76,12 +76,12 @@ def line_plot(path: str, lines: dict[str, tuple[list[float], list[float]]], *, x
     if all(float(v).is_integer() for x, _ in lines.values() for v in x):
         _integer_ticks(ax.xaxis)
     ax.legend(title=spread_label if spread else None, title_fontsize="small")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def maps_plot(path: str, captured: dict, kind: str, example: int) -> None:
     """Attention maps of one example: a row per layer, a column per head (valid keys only)."""
-    plt = _pyplot()
+    plt = pyplot()
     names = sorted(n for n in captured if n.startswith(kind + "/"))
     heads = captured[names[0]]["maps"].shape[1]
     fig, axes = plt.subplots(len(names), heads, figsize=(2 * heads, 2 * len(names)), squeeze=False)
@@ -92,4 +92,4 @@ def maps_plot(path: str, captured: dict, kind: str, example: int) -> None:
             grid = captured[name]["maps"][example, head]
             axes[row][head].imshow(grid[:, valid], cmap="viridis")  # (queries, valid keys)
             axes[row][head].set(title=f"{name} h{head}", xticks=[], yticks=[])
-    _save(fig, path)
+    save_figure(fig, path)

@@ -23,6 +23,7 @@ from attn_lab.signals import Interrupted
 from attn_lab.train.config import check_parallel, check_workdirs, validate_config
 from attn_lab.train.parallel import initialize_distributed
 from attn_lab.train.seeds import seed_workdirs
+from attn_lab.train.summary import summary_line
 from attn_lab.train.trainer import reevaluate_seeds, train_seeds
 from attn_lab.train.workdir import BUSY_EXIT, WorkdirBusy
 
@@ -32,6 +33,8 @@ _SEEDS = DEFINE_integer_list("seeds", None, "Comma-separated seeds trained toget
                               "must then contain {seed}. Default: config.seed alone.")
 _REEVALUATE = flags.DEFINE_bool("reevaluate", False, "Evaluate the newest checkpoint again (validation and test) into "
                                 "<workdir>/results.reeval-<time>.json; results.json and metrics.jsonl are not touched.")
+_PRINT_JSON = flags.DEFINE_bool("print-json", False, "Print each finished run's record (results.json's metrics and "
+                                 "speed) as JSON instead of its one summary line.")
 _ALLOW_UNFINISHED = flags.DEFINE_bool("allow-unfinished", False, "Let train.init_from name a run that has not "
                                       "finished (its newest checkpoint is used, and named).")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -77,7 +80,8 @@ def main(argv: list[str]) -> int:
         sys.exit(disk_full_line(full, saved))
     for workdir, record, done in zip(workdirs, all_results, finished):
         if not done:
-            print(json.dumps(results.printed(workdir, record), indent=2))
+            print(json.dumps(results.printed(workdir, record), indent=2) if _PRINT_JSON.value
+                  else summary_line(workdir, record))
     return 0
 
 

@@ -27,6 +27,7 @@ from attn_lab.models.gates import binary_gates
 from attn_lab.models.sites import decoding_attentions
 from attn_lab.train import learned as learned_lib
 from attn_lab.train import metrics as metrics_lib
+from attn_lab.train import summary
 from attn_lab.train.capture import as_layers, capture_step, track_summary
 from attn_lab.train.checkpoint import Checkpointer, restore_common
 from attn_lab.train.config import validate_config
@@ -464,4 +465,13 @@ def _finish(run: Run, i: int, step: int, test: dict[str, float], training: dict,
     run.loggers[i].summary({"final/" + k: v for k, v in test.items()})
     if run.main:
         results.write_results(workdir, record)
+        _write_curves(workdir)
     return record
+
+
+def _write_curves(workdir: str) -> None:
+    """curves.png beside results.json; a plot that fails is a note (the results are already written)."""
+    try:
+        summary.write_curves(workdir)
+    except Exception as e:  # noqa: BLE001 (matplotlib fails in many ways; the run's numbers are safe either way)
+        print(f"note: {workdir}/{summary.CURVES_FILE} not written ({describe(e)})", flush=True)

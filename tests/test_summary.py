@@ -1,0 +1,63 @@
+"""A finished run reads at a glance (attn_lab/train/summary.py): the command prints one summary line (the full
+record with --print-json), and the run writes curves.png from its metrics.jsonl."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attn_lab import results
+from attn_lab.train import summary
+from tests.helpers import ROOT, tiny_numbers_flags
+
+TRAIN = [sys.executable, "-m", "attn_lab.train", "--config", os.path.join(ROOT, "configs", "numbers.py:quick")]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir):
+    """A tiny run trained by the command, as a user starts one: (workdir, its stdout)."""
+    workdir = str(tmp_path_factory.mktemp("summary") / "run")
+    proc = subprocess.run([*TRAIN, "--workdir", workdir, *tiny_numbers_flags(data_dir), "--config.compile_cache="],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": ROOT, "WANDB_MODE": "disabled"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return workdir, proc.stdout
+
+
+def test_the_command_ends_with_one_summary_line_naming_the_scores_speed_and_files(trained):
+    workdir, stdout = trained
+    record = json.load(open(os.path.join(workdir, "results.json")))
+    last = stdout.strip().splitlines()[-1]
+    test = record["final"]["test"]
+    assert last == summary.summary_line(workdir, record)
+    assert last.startswith(f"{workdir}: 12 steps in ") and "steps/s after compilation" in last
+    assert f"test loss {test['loss']:.4f}" in last and f"exact match {test['exact_match']:.4g}" in last
+    assert last.endswith("files: results.json, metrics.jsonl, curves.png")
+    assert "{" not in stdout  # no JSON dump
+
+
+def test_curves_hold_the_logged_losses_and_validation_metric(trained):
+    workdir, _ = trained
+    assert os.path.getsize(os.path.join(workdir, summary.CURVES_FILE)) > 0
+    points = summary.curve_points(workdir)
+    lines = list(results.metric_lines(workdir))
+    train_loss = [(r["step"], r["train/loss"]) for r in lines if "train/loss" in r]
+    assert list(zip(*points["loss"]["train"])) == train_loss
+    evals = [(r["step"], r["eval/bleu"]) for r in lines if "eval/bleu" in r]
+    assert [s for s, _ in evals] == [6, 12] and list(zip(*points["bleu"]["validation"])) == evals
+    assert set(points) == {"loss", "bleu"}  # one task metric: a translation run's BLEU
+
+
+def test_print_json_prints_the_record_instead(trained, data_dir, tmp_path):
+    workdir, _ = trained
+    copy = str(tmp_path / "run")
+    subprocess.run(["cp", "-r", workdir, copy], check=True)
+    os.remove(os.path.join(copy, "results.json"))  # the final test again: prints what a finished run prints
+    proc = subprocess.run([*TRAIN, "--workdir", copy, *tiny_numbers_flags(data_dir), "--config.compile_cache=",
+                           "--print-json"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": ROOT, "WANDB_MODE": "disabled"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    printed = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert printed["workdir"] == copy and printed["steps"] == 12 and "test" in printed["final"]
