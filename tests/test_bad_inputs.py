@@ -334,7 +334,8 @@ BAD_ANALYSIS_AND_TABLES = [
     ([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), "{tmp}/runs"],
      "unexpected argument '{tmp}/runs'; give the sweep folder as --workdir {tmp}/runs"),
     ([*TABLES, "--out", "{tmp}/tables"], "--workdir is required"),
-    ([*TABLES, "--workdir", "{tmp}"], "--workdir={tmp}: not a sweep folder (no sweep.json)"),
+    ([*TABLES, "--workdir", "{tmp}"], "{tmp}/badres/results.json cannot be read"),  # a folder of runs: one damaged
+    ([*TABLES, "--workdir", "{tmp}/badcfg"], "--workdir={tmp}/badcfg: no sweep.json and no finished run"),
     ([*TABLES, "--workdir", "{tmp}/runs"], "--workdir={tmp}/runs: no finished trial"),
     ([*TABLES, "--workdir", "{tmp}/runs", "--bogus"], "unknown flag --bogus"),
     ([*ANALYZE, "--workdir", "{tmp}/badcfg"], "--workdir: {tmp}/badcfg/config.json cannot be read (JSONDecodeError: "),

@@ -61,3 +61,20 @@ def test_print_json_prints_the_record_instead(trained, data_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     printed = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert printed["workdir"] == copy and printed["steps"] == 12 and "test" in printed["final"]
+
+
+def test_make_tables_tables_a_run_s_folder_and_a_folder_of_runs(trained, tmp_path):
+    """No sweep.json: a row per finished run, each metric named in its column; the run's own folder or its parent."""
+    workdir, _ = trained
+    record = json.load(open(os.path.join(workdir, "results.json")))
+    for folder in (workdir, os.path.dirname(workdir)):
+        out = str(tmp_path / os.path.basename(folder))
+        proc = subprocess.run([sys.executable, "-m", "attn_lab.reporting", "--workdir", folder, "--out", out],
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        table = open(os.path.join(out, "runs.md")).read()
+        header = "| run | steps | params | test loss | token accuracy | exact match | BLEU | perplexity | steps/s |"
+        assert header in table
+        test = record["final"]["test"]
+        assert f"| run | 12 | {record['num_params']} | {test['loss']:.4g} | {test['accuracy']:.4g} |" in table
+        assert os.path.exists(os.path.join(out, "runs.tex"))

@@ -5,7 +5,8 @@
   python -m attn_lab.reporting --workdir runs/variants --bench bench/attention.csv
 
 Writes ``<workdir>/tables/<experiment name>.md``, ``.tex`` and PNGs (``--out`` for another folder): the table of
-the experiment the sweep ran, mean +- sd over seeds, and its verdicts where the experiment has a design.
+the experiment the sweep ran, mean +- sd over seeds, and its verdicts where the experiment has a design. On a
+run's folder or a folder of runs (no sweep.json): ``tables/runs.md``, a row per finished run.
 """
 # An entry point, above every layer: it reads the sweep folder with attn_lab.sweep (sweep.json names the experiment
 # file; every trial's results.json gives the rows) and hands the rows to the ``report`` function that file defines,
@@ -25,7 +26,8 @@ from absl import flags
 
 from attn_lab.cli import main_args, run_entry_point
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A sweep folder (python -m attn_lab.sweep's --workdir); required.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "A sweep folder (python -m attn_lab.sweep's --workdir), a run's "
+                                "folder or a folder of runs; required.")
 _OUT = flags.DEFINE_string("out", None, "Output folder (default <workdir>/tables).")
 _BENCH = flags.DEFINE_string("bench", "bench/attention.csv", "variants: scripts/bench_attention.py's CSV (used if "
                              "it exists).")
@@ -40,7 +42,7 @@ def main(argv: list[str]) -> int:
         sys.exit(f"error: unexpected argument {argv[1]!r}; give the sweep folder as --workdir {argv[1]}")
     main_args(argv)
     if _WORKDIR.value is None:
-        sys.exit("error: --workdir is required (a sweep folder)")
+        sys.exit("error: --workdir is required (a sweep folder, a run's folder or a folder of runs)")
     from attn_lab.checks import RunError
     from attn_lab.io import write_text_atomic
     from attn_lab.reporting.tables import write_tables
@@ -50,8 +52,7 @@ def main(argv: list[str]) -> int:
     sweep_dir = _WORKDIR.value
     info_path = os.path.join(sweep_dir, "sweep.json")
     if not os.path.exists(info_path):
-        sys.exit(f"error: --workdir={sweep_dir}: not a sweep folder (no sweep.json); run python -m attn_lab.sweep "
-                 "with this --workdir first")
+        return _runs(sweep_dir)
     try:
         with open(info_path) as f:
             info = json.load(f)
@@ -93,6 +94,31 @@ def main(argv: list[str]) -> int:
     write_text_atomic(pathlib.Path(out, "environments.md"),
                       "# Environments of these runs\n\n" + "".join(f"- {line}\n" for line in envs))
     print(f"wrote {out}/{name}.md, .tex, environments.md and PNGs")
+    return 0
+
+
+def _runs(folder: str) -> int:
+    """A run's folder or a folder of runs (no sweep.json): ``tables/runs.md`` with a row per finished run."""
+    from attn_lab import results
+    from attn_lab.checks import RunError
+    from attn_lab.environment import summarize
+    from attn_lab.reporting.runs import RUNS_NAME, find_runs, runs_table
+    from attn_lab.reporting.tables import write_tables
+
+    if not os.path.isdir(folder):
+        sys.exit(f"error: --workdir={folder}: no such folder")
+    try:
+        runs = find_runs(folder)
+    except RunError as e:  # a damaged results.json: named, never rewritten
+        sys.exit(f"error: {e}")
+    if not runs:
+        sys.exit(f"error: --workdir={folder}: no sweep.json and no finished run (results.json) in it or in its "
+                 "subfolders; give a sweep folder, a run's folder or a folder of runs")
+    out = _OUT.value or os.path.join(folder, "tables")
+    print(write_tables(out, RUNS_NAME, [runs_table(folder, runs)]))
+    envs = summarize([results.environment(results.finished_results(run)) for run in runs])
+    print("Environments of these runs:\n" + "\n".join(f"  {line}" for line in envs))
+    print(f"wrote {out}/{RUNS_NAME}.md and .tex")
     return 0
 
 
