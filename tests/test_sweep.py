@@ -91,6 +91,10 @@ def test_sweep_runs_records_failures_resumes_and_collects(tmp_path):
     assert rows[1]["status"].startswith("failed: model.num_heads=3 does not divide model.d_model=32")
     assert float(rows[0]["num_params"]) > 0
     assert "test_exact_match" in rows[0] and "| num_heads |" in first.stdout
+    logs = tmp_path / "runs" / "logs"  # every trial's output kept, a success's as well as a failure's
+    ok_log, failed_log = (logs / f"num_heads={h},seed=0.train.log" for h in (2, 3))
+    assert ok_log.read_text().startswith("# ") and "num_heads=2,seed=0: 4 steps in " in ok_log.read_text()
+    assert "does not divide" in failed_log.read_text()
     second = subprocess.run(cmd + ["--shard", "0/2"], capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and "num_heads=2,seed=0: skipped" in second.stdout
     cached = sorted(os.listdir(tmp_path / "cache"))  # the trials compiled into the persistent compilation cache
@@ -501,3 +505,24 @@ def test_a_trial_s_exit_code_sets_its_status_and_a_finished_folder_never_gets_er
     with open(os.path.join(folder, "results.json"), "w") as f:  # another process finished it meanwhile
         json.dump({"final": {}, "steps": 1}, f)
     assert runner._run(cmd, [folder]) == "ok" and not os.path.exists(os.path.join(folder, "error.txt"))
+
+
+def test_status_lines_read_each_running_trial_s_step_loss_and_speed(tmp_path):
+    """The periodic status: a trial still preparing says so; one training names step / steps, loss and steps/s
+    from its config.json and metrics.jsonl; the estimate counts a running trial by its share of steps done."""
+    from attn_lab.sweep.runner import Progress, Trial, trial_progress
+
+    progress = Progress(4, str(tmp_path))
+    progress.started([Trial("a,seed=0", {"seed": 0}, {}), Trial("a,seed=1", {"seed": 1}, {})])
+    progress.started([Trial("b,seed=0", {"seed": 0}, {})])
+    assert progress.status_lines() == ["  a,seed=0 (+1 seeds): preparing data and compiling",
+                                       "  b,seed=0: preparing data and compiling"]
+    trial = tmp_path / "a,seed=0"
+    trial.mkdir()
+    (trial / "config.json").write_text(json.dumps({"train": {"num_steps": 400}}))
+    assert trial_progress(str(trial)) == (0.0, "compiling, first steps")
+    (trial / "metrics.jsonl").write_text(
+        json.dumps({"step": 100, "train/loss": 5.84, "train/steps_per_sec": 2.94}) + "\n"
+        + json.dumps({"step": 100, "eval/loss": 5.9}) + "\n" + '{"step": 150, "train/lo')  # a line being written
+    assert trial_progress(str(trial)) == (0.25, "step 100/400, loss 5.84, 2.94 steps/s")
+    assert progress.status_lines()[0] == "  a,seed=0 (+1 seeds): step 100/400, loss 5.84, 2.94 steps/s"

@@ -48,6 +48,8 @@ _DRY_RUN = flags.DEFINE_bool("dry-run", False, "List the trials and their overri
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "Trial processes at once.", lower_bound=1)
 _SHARD = flags.DEFINE_string("shard", "0/1", "I/N: run every N-th trial starting at I (scheduler arrays).")
 _SEEDS = DEFINE_integer_list("seeds", None, "Comma-separated seeds replacing the experiment's.")
+_STATUS_EVERY = flags.DEFINE_integer("status-every", 60, "Seconds between the status lines of the running trials "
+                                     "(step, loss, steps/s); 0: none.", lower_bound=0)
 _VMAP_SEEDS = flags.DEFINE_bool("vmap-seeds", False, "Train the seeds of each trial in one process (jax.vmap).")
 _EXPORT_WANDB = flags.DEFINE_string("export-wandb", None, "Write the sweep as a W&B grid sweep YAML and exit.")
 _WANDB_TRIAL = flags.DEFINE_string("wandb-trial", None, "(W&B agent) run the one trial with these JSON parameters.")
@@ -249,7 +251,7 @@ def _run(exp: Experiment, spec: str, trials: list[Trial], workdir: str, extra: l
     line says so and the exit code is 130 / 143)."""
     register(exp, spec, workdir, extra)
     statuses, signum = run_sweep(exp, trials, workdir, parallel=_PARALLEL.value, extra=extra,
-                                 vmap_seeds=_VMAP_SEEDS.value)
+                                 vmap_seeds=_VMAP_SEEDS.value, status_every=_STATUS_EVERY.value)
     rows = collect(exp, workdir, statuses)
     write_csv(rows, os.path.join(workdir, "results.csv"))
     if signum is not None:

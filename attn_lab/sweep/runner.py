@@ -2,8 +2,11 @@
 ``python -m attn_lab.analysis``) and collects their results.
 
 Each trial gets its own folder under the sweep's workdir; a trial with a ``results.json`` is skipped, so an
-interrupted sweep resumes; a failing trial leaves ``error.txt`` (its last lines of stderr, progress bars removed) and
-the others go on. A failed trial's status is its error line (``failed: <line>``), in results.csv and in the tables.
+interrupted sweep resumes; every trial process writes its output (stdout and stderr) to
+``<sweep>/logs/<trial>.train.log`` (``.analysis.log`` for its analysis; appended on a rerun); a failing trial also
+leaves ``error.txt`` (its last lines, progress bars removed) and the others go on. While trials run, a status line
+per running trial (step / steps, loss, steps/s, from its metrics.jsonl) is printed every ``status_every`` seconds.
+A failed trial's status is its error line (``failed: <line>``), in results.csv and in the tables.
 With ``vmap_seeds`` the trials that differ only in seed train in one process, their seeds vmapped (each still writes
 its own folder).
 """
@@ -118,11 +121,12 @@ def run_group(exp: Experiment, group: list[Trial], workdir: str, extra: list[str
         dirs = [os.path.join(workdir, t.name) for t in todo]
         cmd = (trial_command(exp, todo[0], dirs[0], extra) if len(todo) == 1
                else group_command(exp, todo, workdir, extra))
-        status = _run(cmd, dirs)
+        status = _run(cmd, dirs, log_path(workdir, todo[0].name, "train"))
         statuses.update({t.name: status for t in todo})
     for t in group:
         if exp.analyze and statuses[t.name] in ("ok", "skipped") and not analyzed(exp, os.path.join(workdir, t.name)):
-            statuses[t.name] = _run(analysis_command(exp, os.path.join(workdir, t.name)), [])
+            statuses[t.name] = _run(analysis_command(exp, os.path.join(workdir, t.name)), [],
+                                    log_path(workdir, t.name, "analysis"))
     return {t.name: statuses[t.name] for t in group}
 
 
@@ -162,12 +166,14 @@ class Children:
     def __init__(self) -> None:
         self.lock, self.running, self.signum = threading.Lock(), set(), None
 
-    def start(self, cmd: list[str]) -> subprocess.Popen | None:
+    def start(self, cmd: list[str], log: Any = None) -> subprocess.Popen | None:
+        """Starts ``cmd`` with its stdout and stderr into the open file ``log`` (stdout dropped and stderr piped
+        without one)."""
         with self.lock:
             if self.signum is not None:
                 return None
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                    env=child_env())
+            out = (log, subprocess.STDOUT) if log is not None else (subprocess.DEVNULL, subprocess.PIPE)
+            proc = subprocess.Popen(cmd, stdout=out[0], stderr=out[1], text=True, env=child_env())
             self.running.add(proc)
             return proc
 
@@ -185,17 +191,41 @@ class Children:
 CHILDREN = Children()
 
 
-def _run(cmd: list[str], dirs: list[str]) -> str:
-    """Runs a command writing into ``dirs``: 'ok', 'interrupted' (the sweep was stopped), 'busy: ...' (another
-    process holds a folder), or ``'failed: <its error line>'`` with its last stderr lines in each error.txt -- never
-    in a folder whose run finished meanwhile (another sweep finished it: then 'ok')."""
-    proc = CHILDREN.start(cmd)
-    if proc is None:
-        return INTERRUPTED
+LOGS = "logs"
+
+
+def log_path(workdir: str, trial: str, what: str) -> str:
+    """``<workdir>/logs/<trial>.<what>.log``: a trial process's output (``what``: train or analysis)."""
+    return os.path.join(workdir, LOGS, f"{trial}.{what}.log")
+
+
+def _run(cmd: list[str], dirs: list[str], log: str | None = None) -> str:
+    """Runs a command writing into ``dirs``, its output appended to ``log`` (a header line per start): 'ok',
+    'interrupted' (the sweep was stopped), 'busy: ...' (another process holds a folder), or ``'failed: <its error
+    line>'`` with its last lines in each error.txt -- never in a folder whose run finished meanwhile (another sweep
+    finished it: then 'ok')."""
+    handle = None
+    if log is not None:
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        handle = open(log, "a")
+        handle.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+        handle.flush()
+        start = handle.tell()
     try:
-        _, stderr = proc.communicate()
+        proc = CHILDREN.start(cmd, handle)
+        if proc is None:
+            return INTERRUPTED
+        try:
+            _, stderr = proc.communicate()
+        finally:
+            CHILDREN.done(proc)
     finally:
-        CHILDREN.done(proc)
+        if handle is not None:
+            handle.close()
+    if log is not None:
+        with open(log, errors="replace") as f:
+            f.seek(start)
+            stderr = f.read()
     if proc.returncode == 0 or (dirs and all(results.is_finished(d) for d in dirs)):
         return "ok"  # (a failure in folders another process finished meanwhile: they are finished all the same)
     if CHILDREN.signum is not None and proc.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM,
@@ -257,7 +287,7 @@ def recorded_status(trial_dir: str) -> str:
 
 
 def run_sweep(exp: Experiment, trials: list[Trial], workdir: str, *, parallel: int = 1, extra: list[str] = (),
-              vmap_seeds: bool = False) -> tuple[dict[str, str], int | None]:
+              vmap_seeds: bool = False, status_every: float = 60.0) -> tuple[dict[str, str], int | None]:
     """Runs ``trials`` (``parallel`` processes at once; with ``vmap_seeds`` one process per group of trials that
     differ only in seed); returns (trial name -> status, the signal that stopped the sweep or None).
 
@@ -266,12 +296,13 @@ def run_sweep(exp: Experiment, trials: list[Trial], workdir: str, *, parallel: i
     """
     units = seed_groups(trials) if vmap_seeds else [[t] for t in trials]
     units.sort(key=lambda unit: any(t.after for t in unit))  # (stable) trials that start from others go last
-    progress, CHILDREN.signum = Progress(len(trials)), None
+    progress, CHILDREN.signum = Progress(len(trials), workdir), None
     main = threading.current_thread() is threading.main_thread()  # only there can Python take a signal
     previous = {s: signal.signal(s, lambda signum, _: CHILDREN.stop(signum))
                 for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        pool_of = concurrent.futures.ThreadPoolExecutor
+        with Ticker(progress, status_every), pool_of(max_workers=max(1, parallel)) as pool:
             by_trial: dict[str, concurrent.futures.Future] = {}
             for unit in units:  # a unit waits for the trials it starts from, submitted before it
                 waits = [by_trial[name] for t in unit for name in t.after if name in by_trial]
@@ -309,32 +340,92 @@ def _unit(exp: Experiment, unit: list[Trial], workdir: str, extra: list[str], pr
 
 class Progress:
     """``[done/total] <trial>: <status> | running R, left L, elapsed 1m20s, about 3m left`` lines, as the trainer's
-    bar shows a run's progress (an estimate once a trial finished: the mean time of the trials run so far)."""
+    bar shows a run's progress (an estimate once a trial finished: the time per trial run so far, with the running
+    ones counted by the share of their steps done), and :meth:`status_lines` for the running trials."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, workdir: str = "") -> None:
         self.total, self.done, self.running, self.ran = total, 0, 0, 0
-        self.start, self.lock = time.time(), threading.Lock()
+        self.start, self.lock, self.workdir = time.time(), threading.Lock(), workdir
+        self.units: dict[str, list[str]] = {}  # running unit (its first trial) -> its trials
 
     def started(self, unit: list[Trial]) -> None:
         with self.lock:
             self.running += len(unit)
+            self.units[unit[0].name] = [t.name for t in unit]
             self._say(f"started {', '.join(t.name for t in unit)}")
 
     def ended(self, statuses: dict[str, str], ran: int) -> None:
-        with self.lock:
+        with self.lock:  # every trial of the unit counted before any line: the estimate sees all of them
             self.running -= ran
+            self.units.pop(next(iter(statuses), ""), None)
+            self.done += len(statuses)
+            self.ran += sum(status not in ("skipped", INTERRUPTED) for status in statuses.values())
             for name, status in statuses.items():
-                self.done += 1
-                self.ran += status not in ("skipped", INTERRUPTED)
                 self._say(f"{name}: {status}")
 
     def _say(self, what: str) -> None:
         elapsed = time.time() - self.start
         left = self.total - self.done - self.running
-        eta = (f", about {_duration(elapsed / self.ran * (left + self.running / 2))} left"
+        shares = [trial_progress(os.path.join(self.workdir, t))[0] for u in self.units.values() for t in u[:1]]
+        running_left = sum(1.0 - s for s in shares) / max(len(shares), 1) * self.running if shares else 0.0
+        eta = (f", about {_duration(elapsed / self.ran * (left + running_left))} left"
                if self.ran and left + self.running else "")
         print(f"[{self.done}/{self.total}] {what} | running {self.running}, left {left}, elapsed "
               f"{_duration(elapsed)}{eta}", flush=True)
+
+    def status_lines(self) -> list[str]:
+        """One line per running unit: ``  <trial>: step 120/400, loss 5.84, 2.9 steps/s`` (its first seed's
+        metrics.jsonl), or that it is still preparing data and compiling."""
+        with self.lock:
+            units = list(self.units.items())
+        lines = []
+        for name, trials in units:
+            share, said = trial_progress(os.path.join(self.workdir, name))
+            seeds = f" (+{len(trials) - 1} seeds)" if len(trials) > 1 else ""
+            lines.append(f"  {name}{seeds}: {said}")
+        return lines
+
+
+def trial_progress(trial_dir: str) -> tuple[float, str]:
+    """(share of its steps done, what it is doing) from a trial folder's config.json and metrics.jsonl (a file
+    being written or replaced as it is read counts as not there yet)."""
+    try:
+        config = results.read_record(trial_dir, results.CONFIG_FILE) if os.path.isdir(trial_dir) else None
+        last = None
+        for record in results.metric_lines(trial_dir):
+            if "train/loss" in record and isinstance(record.get("step"), int):
+                last = record
+    except (OSError, ValueError):
+        config, last = None, None
+    if config is None or last is None:
+        return 0.0, "preparing data and compiling" if config is None else "compiling, first steps"
+    steps = int(config.get("train", {}).get("num_steps") or 0)
+    rate = last.get("train/steps_per_sec")
+    share = min(last["step"] / steps, 1.0) if steps else 0.0
+    return share, (f"step {last['step']}/{steps}, loss {last['train/loss']:.4g}"
+                   + (f", {rate:.3g} steps/s" if isinstance(rate, (int, float)) else ""))
+
+
+class Ticker:
+    """Prints :meth:`Progress.status_lines` every ``every`` seconds while the sweep runs (0: never)."""
+
+    def __init__(self, progress: Progress, every: float) -> None:
+        self.progress, self.every, self.stopped = progress, every, threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "Ticker":
+        if self.every > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stopped.set()
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.every):
+            lines = self.progress.status_lines()
+            if lines:
+                print("\n".join(lines), flush=True)
 
 
 def _duration(seconds: float) -> str:
