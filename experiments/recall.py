@@ -51,9 +51,12 @@ LEARNED = {"adaptive_span": {"model.attention.name": "adaptive_span", "model.att
 STEPS = 1000
 # 'state': Based's Figure 3 layout at one length -- recall against the size of the recurrent state at T=64, with a
 # vocabulary above T as Zoology requires (256 > 64) and the budget at which dense recall reached 1.0 in probes
-# (batch 64 x 2,000 steps; docs/recall.md). Performer's state per head is num_features x d_k.
-STATE_KERNELS = {k: KERNELS[k] for k in ("dense", "linear", "performer")} | {
-    f"performer-{m}": {**KERNELS["performer"], "model.attention.performer.num_features": m} for m in (16, 256)}
+# (batch 64 x 3,000 steps; docs/recall.md). Performer's state per head is num_features x d_k. Performer-256 (the
+# slowest row, ~1 step/s) comes first so that it starts first under --parallel 2.
+STATE_KERNELS = {"performer-256": {**KERNELS["performer"], "model.attention.performer.num_features": 256}} | {
+    k: KERNELS[k] for k in ("dense", "linear", "performer")} | {
+    "performer-16": {**KERNELS["performer"], "model.attention.performer.num_features": 16}}
+STATE_STEPS = 3000
 STATE_DATA = {"task.vocab_size": 256}
 
 
@@ -86,7 +89,8 @@ def get_experiment(preset: str = "quick") -> dict:
                 "variants": _variants([64], KERNELS, QUICK_LENGTHS), "seeds": VERDICT_SEEDS,
                 "design": Design.of(FINDINGS, QUICK_SD, PILOT, PILOT_SEEDS, QUICK_FINDINGS, QUICK_EFFECT)}
     if preset == "state":
-        return {"name": "recall_state", "config": "configs/mqar.py:quick", "overrides": _train(2000, 64) | STATE_DATA,
+        return {"name": "recall_state", "config": "configs/mqar.py:quick",
+                "overrides": _train(STATE_STEPS, 64) | STATE_DATA,
                 "variants": _variants([64], STATE_KERNELS, LENGTHS[:1]), "seeds": STATE_SEEDS,
                 "design": Design.of(FINDINGS, STATE_SD, STATE_PILOT, STATE_PILOT_SEEDS, STATE_FINDINGS, STATE_EFFECT)}
     if preset == "full":
@@ -152,8 +156,14 @@ VERDICT_SEEDS = [100, 101, 102]
 LENGTH_FINDINGS = tuple(k for k in FINDINGS if k != "performer state grows")  # 'full' / 'gpu': no state rows
 STATE_FINDINGS = ("attention solves", "linear below attention", "performer below attention", "performer state grows")
 STATE_PILOT_SEEDS = (0, 1, 2)
-STATE_PILOT = "experiments/recall.py:state --seeds 0,1,2 (docs/recall.md, state-size pilot)"
-STATE_SD, STATE_EFFECT = None, None
+# The pilot ran at 2,000 steps (docs/recall.md, its table); the budget moved to 3,000 afterwards, where the one-seed
+# probes had dense at 1.0, before the verdict run and without reading seeds 100-102. Its sds are pessimistic for
+# 3,000 steps (dense's spread at 2,000 came from one seed whose circuit had not formed).
+STATE_PILOT = "experiments/recall.py:state --seeds 0,1,2 at 2,000 steps (docs/recall.md, state-size pilot)"
+STATE_SD = {"attention solves": 0.163, "linear below attention": 0.137, "performer below attention": 0.177,
+            "performer state grows": 0.076}
+STATE_EFFECT = {"attention solves": -0.133, "linear below attention": -0.457, "performer below attention": -0.546,
+                "performer state grows": 0.105}
 STATE_SEEDS = [100, 101, 102]
 
 
