@@ -49,7 +49,10 @@ def test_what_lists_every_registered_method_once(analysis):
     assert len(set(registered)) == len(registered) and registered[0] == "throwaway"
     assert tuple(n for n in registered if n in BUILT_IN) == BUILT_IN  # one module each, in today's order
     what = flags.FLAGS["what"]
-    assert what.default == [n for n in registered if n != "throwaway"]  # every method found in the package
+    trains = [m.name for m in methods.methods() if m.trains]
+    assert trains == ["gates"]  # L0 gates train derived runs: opt-in, never in the default
+    assert what.default == [n for n in registered if n not in ("throwaway", "gates")]  # every method found that
+    # trains nothing
     assert all(name in what.parser.flag_type() for name in registered)
     assert what.parser.parse("throwaway,diagnose,throwaway") == ["throwaway", "diagnose"]  # registered after --what
     with pytest.raises(ValueError, match="registered twice"):
@@ -78,3 +81,49 @@ def test_a_method_registered_at_test_time_runs_with_its_flag_beside_importance(a
         np.testing.assert_allclose(written[kind], grid, rtol=1e-6)
         assert np.all(np.asarray(written[kind]) >= 0)
     assert not (out / "ablate.json").exists()  # only what --what names
+
+
+def test_the_default_analysis_trains_nothing_announces_each_method_and_ends_each_with_a_labelled_line(
+        analysis, tmp_path, data_dir, capsys):
+    """The default --what: importance, ablate, prune, structural, diagnose -- each announced as it starts and each
+    ending with one line that names what it measured (no raw Python reprs); no gates runs are trained."""
+    from attn_lab.train.trainer import train_and_evaluate
+
+    command, _ = analysis
+    config = tiny_numbers(data_dir, num_steps=2, eval_every=2, checkpoint_every=2)
+    config.wandb.mode = "disabled"
+    workdir = str(tmp_path / "run")
+    train_and_evaluate(config, workdir)
+    capsys.readouterr()
+    argv = parse_flags(["attn-analyze", "--workdir", workdir, "--max-batches", "1", "--prune-fraction", "0.5",
+                        "--random-orders", "1"])
+    assert command.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    default = [n for n in BUILT_IN if n != "gates"]
+    announced = [line for line in lines if line.startswith("[")]
+    assert [a.split("] ")[1].split(":")[0] for a in announced] == default
+    assert announced[0].startswith("[1/5] importance: Head importance")
+    labels = {"importance": "importance (E|dL/dxi| per head", "ablate": "ablate (accuracy change with one head",
+              "prune": "prune (accuracy with the share of heads pruned", "structural": "structural: ",
+              "diagnose": "diagnose (heads flagged"}
+    for label in labels.values():
+        (line,) = [x for x in lines if x.startswith(label)]
+        assert "[(" not in line and "{'" not in line and "array(" not in line, line
+    importance = json.loads((tmp_path / "run" / "analysis" / "importance.json").read_text())
+    top = max(range(4), key=lambda h: importance["cross"][0][h])
+    assert f"cross: top L0h{top} {importance['cross'][0][top]:.3g}" in [x for x in lines if x.startswith("imp")][0]
+    assert not (tmp_path / "run" / "analysis" / "gates.json").exists()
+
+
+@pytest.mark.parametrize("values,zoomed", [([99.85, 99.9, 100.0], True), ([0.2, 0.6, 0.9], False)])
+def test_a_plot_whose_y_axis_is_a_zoom_says_so(monkeypatch, tmp_path, values, zoomed):
+    """A 0.15-point spread at 99.9 (the gates' BLEU) fills the panel like a cliff: the plot writes that its axis is
+    zoomed and what the spread is; a range that is not a zoom gets no note."""
+    from attn_lab.analysis import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig))
+    plots.line_plot(str(tmp_path / "p.png"), {"gates": ([24, 12, 6], values)}, xlabel="heads kept", ylabel="BLEU",
+                    title="t")
+    texts = [t.get_text() for t in figures[0].axes[0].texts]
+    assert texts == (["y axis zoomed: all values within 0.15 (99.85 to 100)"] if zoomed else [])

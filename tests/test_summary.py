@@ -38,6 +38,21 @@ def test_the_command_ends_with_one_summary_line_naming_the_scores_speed_and_file
     assert "{" not in stdout  # no JSON dump
 
 
+def test_off_a_terminal_the_run_prints_a_plain_line_per_log_window_and_its_speed_after_compilation(trained):
+    """Captured output is not a terminal (a sweep's trial log, CI): no redrawn bar, a line per log window (every 2
+    steps here) with the window's loss and steps/s from metrics.jsonl, and, after the first window (which holds the
+    compilation), the speed a user can compare with docs/install.md."""
+    workdir, stdout = trained
+    windows = [r for r in results.metric_lines(workdir) if "train/loss" in r]
+    expected = [f"step {r['step']}/12: loss {r['train/loss']:.3f}, {r['train/steps_per_sec']:.1f} steps/s"
+                for r in windows]
+    assert [line for line in stdout.splitlines() if line.startswith("step ")] == expected
+    (speed,) = [line for line in stdout.splitlines() if line.startswith("speed after compilation: ")]
+    assert f"{windows[1]['train/steps_per_sec']:.1f} steps/s (first compile " in speed
+    assert stdout.index(expected[1]) < stdout.index(speed) < stdout.index(expected[2])
+    assert "it/s]" not in stdout
+
+
 def test_curves_hold_the_logged_losses_and_validation_metric(trained):
     workdir, _ = trained
     assert os.path.getsize(os.path.join(workdir, summary.CURVES_FILE)) > 0

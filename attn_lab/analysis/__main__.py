@@ -1,13 +1,16 @@
 """Head analysis of a finished run: importance, ablations, pruning (masked and structural), L0 gates, diagnostics
 (``python -m attn_lab.analysis``; ``scripts/analyze_heads.py`` and ``attn-analyze`` run this).
 
-  python -m attn_lab.analysis --workdir runs/numbers_quick --what importance,ablate,prune,structural,gates,diagnose
+  python -m attn_lab.analysis --workdir runs/numbers_quick     # every method that trains nothing
+  python -m attn_lab.analysis --workdir runs/numbers_quick --what gates     # L0 gates: trains derived runs
   python -m attn_lab.analysis --workdir runs/numbers_quick --what prune --prune-orders importance,random --metric bleu
 
 Each method is one module of :mod:`attn_lab.analysis.methods`, registered by name with the flags it alone reads
-(``--help`` lists them all); ``--what`` runs the named ones in the order given (default: every registered method, in
-registry order -- importance, ablate, prune, structural, gates, diagnose). Here: the flags they share, the run, and
-the :class:`~attn_lab.analysis.context.AnalysisContext` handed to each.
+(``--help`` lists them all); ``--what`` runs the named ones in the order given (default: every registered method
+that trains nothing, in registry order -- importance, ablate, prune, structural, diagnose; ``gates`` trains two
+derived runs, longer than the run itself, and runs only when named). Each method announces itself (``[i/n] name:
+what it does``) and ends with one labelled summary line. Here: the flags they share, the run, and the
+:class:`~attn_lab.analysis.context.AnalysisContext` handed to each.
 
 Logs to W&B in the run's group (a run named ``<run>-analysis``, same mode as the run) and writes
 ``<workdir>/analysis/<method>.json``, a layer x head grid PNG per statistic (per-head gradient norms included), the
@@ -36,12 +39,18 @@ from attn_lab.cli import main_args, run_entry_point
 from attn_lab.identity import check_finished
 
 METRICS = ("accuracy", "log_likelihood", "bleu", "exact_match")
+
+
+def _summary(method: methods.Method) -> str:
+    """The method's first docstring line, marked when it trains (opt-in)."""
+    line = method.doc.splitlines()[0].replace("``", "") if method.doc else ""
+    return f"{line} [trains derived runs: only when named]" if method.trains else line
 SPLITS = ("train", "validation", "test")
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's folder (it has results.json).")
-_WHAT = list_flag(ChoicesListParser(methods.names), "what", ",".join(methods.names()),
-                  "Comma-separated methods, run in the order given:\n"
-                  + "\n".join(f"  {m.name}: {m.doc.splitlines()[0] if m.doc else ''}" for m in methods.methods()))
+_WHAT = list_flag(ChoicesListParser(methods.names), "what", ",".join(methods.default_names()),
+                  "Comma-separated methods, run in the order given (default: every method that trains nothing):\n"
+                  + "\n".join(f"  {m.name}: {_summary(m)}" for m in methods.methods()))
 _SPLIT = flags.DEFINE_enum("split", "validation", SPLITS, "Split the importance, ablations and pruning use.")
 _MAX_BATCHES = flags.DEFINE_integer("max-batches", 8, "Batches of the split to use.", lower_bound=1)
 _METRIC = flags.DEFINE_enum("metric", "accuracy", METRICS, "ablate/prune: what to score.")
@@ -71,7 +80,8 @@ def main(argv: list[str]) -> int:
                  "(use --metric=accuracy or --metric=log_likelihood)")
     ctx = AnalysisContext.open(run, shared)
     try:
-        for name in _WHAT.value:
+        for i, name in enumerate(_WHAT.value, 1):
+            print(f"[{i}/{len(_WHAT.value)}] {name}: {_summary(methods.get(name))}", flush=True)
             methods.get(name).run(ctx)
     finally:
         ctx.logger.close()

@@ -73,10 +73,26 @@ def line_plot(path: str, lines: dict[str, tuple[list[float], list[float]]], *, x
         else:
             ax.plot(x, y, marker="o", label=name)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    _say_zoom(ax, [v for _, y in lines.values() for v in y])
     if all(float(v).is_integer() for x, _ in lines.values() for v in x):
         _integer_ticks(ax.xaxis)
     ax.legend(title=spread_label if spread else None, title_fontsize="small")
     save_figure(fig, path)
+
+
+ZOOM = 0.05  # a y range narrower than this share of the values' size is a zoom, and the plot says so
+
+
+def _say_zoom(ax, values: list[float]) -> None:
+    """Matplotlib fits the y axis to the data, so a spread of 0.15 points at 99.9 fills the panel like a cliff;
+    such a zoom is written on the plot (the spread and the values' scale) so that it is not read as a large change."""
+    finite = np.asarray([v for v in values if np.isfinite(v)], np.float64)
+    if finite.size < 2:
+        return
+    spread, size = float(np.ptp(finite)), float(np.max(np.abs(finite)))
+    if size > 0 and spread < ZOOM * size:
+        ax.text(0.02, 0.02, f"y axis zoomed: all values within {spread:.3g} ({finite.min():.4g} to {finite.max():.4g})",
+                transform=ax.transAxes, fontsize="small", color="dimgray")
 
 
 def maps_plot(path: str, captured: dict, kind: str, example: int) -> None:

@@ -10,6 +10,7 @@ checkpoints.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -83,7 +84,15 @@ def _log_window(run: Any, window: _Window, bar: tqdm.tqdm) -> None:
     rates = {"train/steps_per_sec": np.full(len(run.seeds), len(window.steps) / seconds),
              "train/tokens_per_sec": tokens / seconds}
     run.log(window.steps[-1], {f"train/{k}": v for k, v in last.items() if k != "tokens"} | rates)
-    bar.set_postfix(loss=f"{np.mean(last['loss']):.3f}", steps_per_s=f"{len(window.steps) / seconds:.1f}")
+    loss, rate = f"{np.mean(last['loss']):.3f}", f"{len(window.steps) / seconds:.1f}"
+    bar.set_postfix(loss=loss, steps_per_s=rate)
+    if run.main and bar.disable:  # a log, not a terminal: one plain line per window instead of a redrawn bar
+        print(f"step {window.steps[-1]}/{run.config.train.num_steps}: loss {loss}, {rate} steps/s", flush=True)
+
+
+def _terminal() -> bool:
+    """A live bar on a terminal; a log (a sweep's trial log, CI, a pipe) gets plain lines (:func:`_log_window`)."""
+    return sys.stderr.isatty()
 
 
 def _batch_reader(run: Any, datasets: Sequence[Any]) -> tuple[Callable[[int], dict], Callable[[dict], dict]]:
@@ -108,8 +117,8 @@ def train_loop(run: Any, stop_after: int | None, prefetch: int = 2) -> LoopStats
     datasets = [run.task.dataset("train", tcfg.batch_size, train=True, seed=s, shard=run.parallel.shard)
                 for s in run.seeds]  # this process's rows of each batch
     end = tcfg.num_steps if stop_after is None else min(stop_after, tcfg.num_steps)
-    bar = tqdm.tqdm(total=tcfg.num_steps, initial=run.start_step, disable=not run.main, mininterval=1.0,
-                    desc="train", dynamic_ncols=True)
+    bar = tqdm.tqdm(total=tcfg.num_steps, initial=run.start_step, disable=not (run.main and _terminal()),
+                    mininterval=1.0, desc="train", dynamic_ncols=True)
     stats, window = LoopStats(run.start_step), _Window()
     read, place = _batch_reader(run, datasets)
     # The bar closes on errors too, so its last redraw comes before the error line, not after it at exit.
@@ -153,6 +162,9 @@ def _at_sync(run: Any, window: _Window, stats: LoopStats, bar: tqdm.tqdm, end: i
         if stats.windows:  # the first window holds compilation and warm-up: not steady
             stats.steady_steps += len(window.steps)
             stats.steady_seconds += window.seconds
+            if stats.windows == 1 and run.main:  # the first speed a user can compare (docs/install.md: healthy ones)
+                tqdm.tqdm.write(f"speed after compilation: {len(window.steps) / max(window.seconds, 1e-9):.1f} "
+                                f"steps/s (first compile {stats.compile_seconds or 0:.0f} s)")
         stats.windows += 1
     if evaluate:
         scores = run.evaluate("validation")

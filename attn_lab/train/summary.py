@@ -63,8 +63,9 @@ def summary_line(workdir: str, record: dict[str, Any]) -> str:
     if "loss" in test:
         scores.append(f"test loss {test['loss']:.4f} (perplexity {math.exp(min(test['loss'], 700)):.3g})")
     scores += [f"{LABELS[m]} {test[m]:.4g}" for m in reversed(METRICS) if m in test]
-    rate = record.get("steady_steps_per_sec") or record.get("steps_per_sec")
-    speed = f" ({rate:.2f} steps/s after compilation)" if rate else ""
+    steady, whole = record.get("steady_steps_per_sec"), record.get("steps_per_sec")
+    speed = (f" ({steady:.2f} steps/s after compilation)" if steady else
+             f" ({whole:.2f} steps/s, compilation included: one log window)" if whole else "")
     files = [f for f in (results.RESULTS_FILE, results.METRICS_FILE, CURVES_FILE)
              if os.path.exists(os.path.join(workdir, f))]
     return (f"{workdir}: {record.get('steps', '?')} steps in {record.get('wall_time_sec', 0):.0f} s{speed}; "

@@ -13,7 +13,7 @@ A module registers its method with :func:`register_method` and defines, at impor
     _COUNT = flags.DEFINE_integer("top-count", 3, "top_heads: how many heads to list per kind.", lower_bound=1)
 
 
-    @register_method("top_heads")  # order=...: its place in the default --what (default: after the built-ins)
+    @register_method("top_heads")  # order=...: its place in --what (default: after the built-ins); trains=True: opt-in
     def top_heads(ctx):
         \"\"\"The most important heads of each kind (what ``--help`` and the registry show).\"\"\"
         imp = ctx.head_importance(normalize=True)  # {kind: [L, N]}
@@ -21,7 +21,10 @@ A module registers its method with :func:`register_method` and defines, at impor
         ctx.output("top_heads", top, grids=imp, title="normalized importance")  # JSON, PNG, W&B summary
 
 ``--what`` accepts every registered name (a method registered later, e.g. by a test, included) and runs the ones
-it names in the order given; its default is every method found here, in ``order``.
+it names in the order given; its default is every method found here that trains nothing (``trains=False``), in
+``order``: a method that trains derived runs (``gates``) takes longer than the run itself and runs only when named.
+Each method ends with one labelled summary line (what it measured, in words and numbers), e.g.
+``print(f"top_heads: {summary}")``.
 """
 
 from __future__ import annotations
@@ -47,21 +50,22 @@ class Method:
     order: float  # where it runs in the default --what
     doc: str  # the function's docstring
     module: str  # where it is defined (its flags are that module's)
+    trains: bool = False  # it trains derived runs: opt-in (never in the default --what)
 
 
 _REGISTRY: dict[str, Method] = {}
 _discovered = False
 
 
-def register_method(name: str, *, order: float = 100.0) -> Callable[[Run], Run]:
-    """Decorator: registers ``run(ctx)`` as the method ``--what=<name>``, placed by ``order`` in the default
-    ``--what`` (the built-ins take 10 to 60, so the default order puts a new method after them); a name taken twice
-    is a ValueError."""
+def register_method(name: str, *, order: float = 100.0, trains: bool = False) -> Callable[[Run], Run]:
+    """Decorator: registers ``run(ctx)`` as the method ``--what=<name>``, placed by ``order`` in ``--what`` (the
+    built-ins take 10 to 60, so the default order puts a new method after them); ``trains``: it trains derived runs,
+    so it is left out of the default ``--what`` and runs only when named. A name taken twice is a ValueError."""
     def register(run: Run) -> Run:
         if name in _REGISTRY:
             raise ValueError(f"analysis method {name!r} is registered twice ({_REGISTRY[name].module} and "
                              f"{run.__module__})")
-        _REGISTRY[name] = Method(name, run, order, inspect.getdoc(run) or "", run.__module__)
+        _REGISTRY[name] = Method(name, run, order, inspect.getdoc(run) or "", run.__module__, trains)
         return run
     return register
 
@@ -85,6 +89,11 @@ def methods() -> tuple[Method, ...]:
 
 def names() -> tuple[str, ...]:
     return tuple(m.name for m in methods())
+
+
+def default_names() -> tuple[str, ...]:
+    """The default ``--what``: every method that trains nothing, in ``order``."""
+    return tuple(m.name for m in methods() if not m.trains)
 
 
 def get(name: str) -> Method:

@@ -9,6 +9,7 @@ import numpy as np
 from attn_lab.analysis import importance
 from attn_lab.analysis.context import AnalysisContext
 from attn_lab.analysis.methods import register_method
+from attn_lab.analysis.methods._summary import head, number
 
 
 @register_method("ablate", order=20)
@@ -25,5 +26,12 @@ def ablate(ctx: AnalysisContext) -> None:
                           "importance_vs_drop": diagnosis},
                grids=deltas, title=f"{metric} change with the head masked", summary_prefix="ablate_delta")
     ctx.summary({f"all_but_one/{k}/L{r['layer']}": r["delta"] for k in ctx.shapes for r in keep_one[k]})
-    print("importance vs single-head drop (Spearman):", diagnosis)
-    print("all-but-one:", {k: [round(r["delta"], 4) for r in keep_one[k]] for k in ctx.shapes})
+    print(f"ablate ({metric} change with one head masked; rho: Spearman of importance vs that drop; all but one: "
+          "each layer with only its best head):", "; ".join(_line(k, deltas[k], diagnosis["raw"], keep_one[k])
+                                                             for k in ctx.shapes))
+
+
+def _line(kind: str, deltas: np.ndarray, rho: dict, keep_one: list[dict]) -> str:
+    name, drop = head(deltas, np.argmin)
+    kept = " ".join(f"L{r['layer']} {r['delta']:+.4f}" for r in keep_one)
+    return f"{kind}: largest drop {name} {drop:+.4f}, rho {number(rho.get(kind))}, all but one {kept}"

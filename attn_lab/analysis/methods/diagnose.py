@@ -59,4 +59,13 @@ def diagnose(ctx: AnalysisContext) -> None:
     _learned_plots(ctx, learned_values)
     for kind in ctx.shapes:
         plots.maps_plot(ctx.path(f"maps_{kind}.png"), captured, kind, example=_EXAMPLE.value)
-    print("flags:", {name: r["flags"] for name, r in layers.items()})
+    flagged = [_flagged(name, r["flags"]) for name, r in layers.items()]
+    print("diagnose (heads flagged dead / diagonal / clumping / duplicate, per layer; every statistic in "
+          "diagnose.json):", "; ".join(f for f in flagged if f) or "no head flagged")
+
+
+def _flagged(layer: str, flags: dict[str, list]) -> str:
+    """``'encoder_self/0: dead h1 h3, duplicate h0=h2'``; '' for a layer with nothing flagged."""
+    parts = [f"{kind} " + " ".join(f"h{h[0]}=h{h[1]}" if isinstance(h, list) else f"h{h}" for h in heads)
+             for kind, heads in flags.items() if heads]
+    return f"{layer}: {', '.join(parts)}" if parts else ""

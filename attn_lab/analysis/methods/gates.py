@@ -23,11 +23,12 @@ def _row(target: float, kept: int, metric: str, record: dict, workdir: str, **ga
             "workdir": workdir}
 
 
-@register_method("gates", order=50)
+@register_method("gates", order=50, trains=True)
 def gates(ctx: AnalysisContext) -> None:
     """L0 gates trained from this run for each target share of heads; heads kept vs the test metric."""
     metric = "bleu" if ctx.run.generates else "accuracy"
     source = ctx.flags.workdir
+    _announce(source, _TARGETS.value, _STEPS.value)
     rows = [_row(1.0, sum(n * h for n, h in ctx.shapes.values()), metric, results.require_finished(source), source)]
     for target in _TARGETS.value:
         workdir = ctx.path("gates", f"target={target:g}")
@@ -40,4 +41,18 @@ def gates(ctx: AnalysisContext) -> None:
               xlabel="heads kept", ylabel=f"test {metric}", title="L0 head gates (Voita et al.)")
     for r in rows:
         ctx.log({"gates/target": r["target"], "gates/kept": r["kept"], f"gates/test_{metric}": r["test"]})
-    print("gates:", [(r["target"], r["kept"], round(r["test"], 4)) for r in rows])
+    print(f"gates (heads kept -> test {metric}):", "; ".join(_point(r) for r in rows))
+
+
+def _point(row: dict) -> str:
+    name = "this run" if row["target"] == 1.0 else f"target {row['target']:g}"
+    return f"{row['kept']} heads ({name}) {row['test']:.4g}"
+
+
+def _announce(source: str, targets: list[float], steps: int) -> None:
+    """How long the derived runs will take, from the source run's own speed (compilation not counted)."""
+    speed = results.speed(results.require_finished(source))
+    rate = speed["steady"] or speed["whole"] or 0.0
+    took = f", about {len(targets) * steps / rate / 60:.1f} min at this run's {rate:.1f} steps/s" if rate else ""
+    print(f"gates: training {len(targets)} derived runs of {steps} steps (targets {', '.join(map(str, targets))})"
+          f"{took}, plus compilation", flush=True)

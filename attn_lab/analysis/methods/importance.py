@@ -9,6 +9,7 @@ from absl import flags
 
 from attn_lab.analysis.context import AnalysisContext
 from attn_lab.analysis.methods import register_method
+from attn_lab.analysis.methods._summary import head, per_kind
 
 _NORMALIZE = flags.DEFINE_bool("normalize", False, "importance: unit l2 norm per layer (Michel et al.).")
 
@@ -18,4 +19,9 @@ def importance(ctx: AnalysisContext) -> None:
     """Head importance E|dL/dxi| per head (``--normalize``: unit l2 norm per layer)."""
     imp = ctx.head_importance(_NORMALIZE.value)
     ctx.output("importance", {k: v.tolist() for k, v in imp.items()}, grids=imp, title="head importance E|dL/dxi|")
-    print("importance:", {k: np.round(v, 4).tolist() for k, v in imp.items()})
+    print("importance (E|dL/dxi| per head; the grid in importance.json):", per_kind(imp, _describe))
+
+
+def _describe(grid: np.ndarray) -> str:
+    (top, high), (low, least) = head(grid), head(grid, np.argmin)
+    return f"top {top} {high:.3g}, mean {grid.mean():.3g}, lowest {low} {least:.3g}"

@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import importlib.util
 import os
+import sys
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -88,8 +89,19 @@ def prepare(
         return builder
     with prepare_lock(data_dir, f"{builder_cls.name}-{config.name}"):  # sweep trials may start together
         builder = _builder(builder_cls, config, data_dir)  # another process may have prepared it meanwhile
-        builder.download_and_prepare(file_format="array_record")
+        if not builder.is_prepared():
+            _announce(builder_cls.name, data_dir)
+            builder.download_and_prepare(file_format="array_record")
     return builder
+
+
+def _announce(name: str, data_dir: str) -> None:
+    """Says what is being prepared and where (once per dataset; later runs reuse it); off a terminal (a sweep's trial
+    log, CI) TFDS's redrawn progress bars are turned off: they are one unreadable line in a file."""
+    print(f"preparing the {name} data once in {data_dir} (--config.task.data_dir or $ATTN_LAB_DATA_DIR moves it; "
+          "later runs reuse it)", flush=True)
+    if not sys.stderr.isatty():
+        tfds.disable_progress_bar()
 
 
 def is_prepared(builder_cls: type[tfds.core.DatasetBuilder], config: tfds.core.BuilderConfig, data_dir: str) -> bool:
