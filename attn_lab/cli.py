@@ -8,7 +8,6 @@ Lists are absl list flags written comma-separated (``--seeds 0,1,2``), parsed on
 from __future__ import annotations
 
 import ast
-import errno
 import os
 import re
 import sys
@@ -20,6 +19,7 @@ from ml_collections import config_flags
 
 from attn_lab import plugins, signals
 from attn_lab.checks import call_user_function, load_user_module
+from attn_lab.diskfull import disk_full, disk_full_line, quiet_full_disk, stop_for_full_disk
 
 flags.disclaim_key_flags()  # a flag defined through this module belongs to its caller (shown by its --help)
 flags.DEFINE_string("plugins", None, "Comma-separated modules or .py files imported first: your own kernels, model "
@@ -199,6 +199,7 @@ def run_entry_point(main: Callable[[list[str]], int | None], module: str,
     for flag in flags.FLAGS.get_key_flags_for_module(module):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     signals.install()
+    quiet_full_disk()
 
     def quiet_main(argv: list[str]) -> int | None:
         quiet_libraries()
@@ -212,7 +213,7 @@ def run_entry_point(main: Callable[[list[str]], int | None], module: str,
         full = disk_full(e)
         if full is None:
             raise
-        sys.exit(disk_full_line(full))
+        stop_for_full_disk(disk_full_line(full))
 
 
 def quiet_libraries() -> None:
@@ -221,25 +222,3 @@ def quiet_libraries() -> None:
     here unless ``-v N`` / ``--verbosity=N`` was given (absl's own flag: ``-v 0`` shows INFO, ``-v -1`` warnings)."""
     if not flags.FLAGS["verbosity"].present:
         absl_logging.set_verbosity(absl_logging.ERROR)
-
-
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def disk_full_line(full: OSError, saved: str = "nothing written before is lost") -> str:
-    """The one line of a command stopped by a full disk: the file, the reason, what is intact, how to go on."""
-    return (f"error: disk full{f' writing {full.filename}' if full.filename else ''} ({os.strerror(full.errno)}); "
-            f"{saved}: free space and rerun the same command to resume")
-
-
-def disk_full(error: BaseException) -> OSError | None:
-    """The ENOSPC / EDQUOT OSError in ``error``'s chain of causes (libraries wrap it), else None."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in DISK_FULL:
-            return error
-        if "No space left on device" in str(error):
-            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        error = error.__cause__ or error.__context__
-    return None

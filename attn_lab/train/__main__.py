@@ -17,7 +17,8 @@ from ml_collections import config_flags
 
 from attn_lab import results
 from attn_lab.checks import RunError, check_seed
-from attn_lab.cli import DEFINE_integer_list, disk_full, disk_full_line, main_args, run_entry_point
+from attn_lab.cli import DEFINE_integer_list, main_args, run_entry_point
+from attn_lab.diskfull import disk_full, disk_full_line, stop_for_full_disk
 from attn_lab.identity import checkpoint_steps
 from attn_lab.signals import Interrupted
 from attn_lab.train.config import check_parallel, check_workdirs, validate_config
@@ -77,7 +78,7 @@ def main(argv: list[str]) -> int:
             raise
         steps = checkpoint_steps(workdirs[0])
         saved = f"the newest checkpoint, step {steps[-1]}, is intact" if steps else "no checkpoint was written yet"
-        sys.exit(disk_full_line(full, saved))
+        stop_for_full_disk(disk_full_line(full, saved))
     for workdir, record, done in zip(workdirs, all_results, finished):
         if not done:
             print(json.dumps(results.printed(workdir, record), indent=2) if _PRINT_JSON.value
