@@ -33,16 +33,15 @@ def test_quickstart_is_two_commands_install_then_run():
 @pytest.mark.slow
 def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
     """The README's sweep command (its own config and flags; workdir moved to tmp; three books of verses, as the task
-    tests prepare) with a --shard of half its trials and a few steps, then its make_tables command on the result:
-    the path a new user runs first."""
+    tests prepare) with a --shard of half its trials and a few steps, which ends by writing and printing the
+    experiment's tables with their verdicts: the path a new user runs first."""
     main_job, _ = _quickstart_commands()
-    _, sweep, tables = [shlex.split(part) for part in main_job.split(" && ")]
-    assert sweep[:2] == ["python", "scripts/sweep.py"] and tables[:2] == ["python", "scripts/make_tables.py"]
+    _, sweep = [shlex.split(part) for part in main_job.split(" && ")]
+    assert sweep[:2] == ["python", "scripts/sweep.py"]
     assert "--experiment" in sweep  # the sweep's experiment flag (--config would name a config)
     workdir = sweep[sweep.index("--workdir") + 1]
-    assert tables[tables.index("--workdir") + 1] == workdir
     runs = str(tmp_path / "runs")
-    sweep, tables = ([runs if a == workdir else a for a in command] for command in (sweep, tables))
+    sweep = [runs if a == workdir else a for a in sweep]
     tiny = ["--shard", "0/2", f"--config.task.data_dir={tmp_path / 'data'}", "--config.task.books=(33,57,31)",
             "--config.task.vocab_size=300", "--config.train.num_steps=4", "--config.train.eval_every=4",
             "--config.train.checkpoint_every=4",
@@ -58,11 +57,10 @@ def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
     env_block = results["environment"]
     assert env_block["packages"]["jax"] and env_block["backend"] == "cpu" and env_block["device_count"] >= 1
     assert env_block["python"] == ".".join(map(str, sys.version_info[:3]))
-    made = subprocess.run([sys.executable, *tables[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=env)
-    assert made.returncode == 0, made.stderr[-2000:]
     table = open(os.path.join(runs, "tables", "head_count.md")).read()
     assert "### Verdicts" in table and "'A-h16' (confirmatory)" in table  # planned from its pilot before it ran
     assert "undecidable" not in table
-    assert "Environments of these runs:" in made.stdout and "3 runs: python " in made.stdout
-    assert f"jax {env_block['packages']['jax']}" in made.stdout
+    assert "'A-h16' (confirmatory)" in first.stdout  # the sweep ends with its tables
+    assert f"tables, plots and environments in {runs}/tables" in first.stdout
+    environments = open(os.path.join(runs, "tables", "environments.md")).read()
+    assert "3 runs: python " in environments and f"jax {env_block['packages']['jax']}" in environments

@@ -36,6 +36,24 @@ def test_the_command_ends_with_one_summary_line_naming_the_scores_speed_and_file
     assert f"test loss {test['loss']:.4f}" in last and f"exact match {test['exact_match']:.4g}" in last
     assert last.endswith("files: results.json, metrics.jsonl, curves.png")
     assert "{" not in stdout  # no JSON dump
+    (example,) = [line for line in stdout.splitlines() if line.startswith("example: ")]
+    shown = record["example"]  # the test split's first example: its source, reference and our decoded output
+    assert example == f"example: source {shown['source']!r} | reference {shown['reference']!r} | ours {shown['ours']!r}"
+    assert stdout.splitlines().index(example) == len(stdout.strip().splitlines()) - 2
+
+
+def test_the_decoded_example_is_the_test_split_s_first_and_counts_in_exact_match(trained, data_dir):
+    """The example is what the final test decoded for the first test sentence (ours), beside that sentence's source
+    and reference as the dataset holds them (read here through the task, not from the run)."""
+    from attn_lab.data.tasks import load_task
+    from tests.helpers import tiny_numbers
+
+    workdir, _ = trained
+    record = json.load(open(os.path.join(workdir, "results.json")))
+    task = load_task(tiny_numbers(data_dir).task)
+    assert record["example"]["reference"] == task.references("test")[0]
+    assert record["example"]["source"] == task.source_text("test", 0) != record["example"]["reference"]
+    assert isinstance(record["example"]["ours"], str)
 
 
 def test_off_a_terminal_the_run_prints_a_plain_line_per_log_window_and_its_speed_after_compilation(trained):

@@ -308,6 +308,8 @@ def test_tables_judge_the_registered_design_unless_asked_for_the_current_one(tmp
     diffs = {"a": Interval(0.04, 0.03, 0.05, 3, sd=0.004), "z": Interval(-0.04, -0.05, -0.03, 3, sd=0.004)}
     old = verdict_table(current, diffs, "m", str(tmp_path), types.SimpleNamespace(seeds=[10, 11, 12]))
     assert [row[-1] for row in old.rows] == ["reproduced"] and "Registered when the sweep started" in old.note
+    assert old.header[2:4] == ["margin (m)", "ours: m, mean diff [95% CI]"]  # the deciding metric, in the table
+    assert old.note.startswith("Decided in m: ") and "docs/sweeps.md#verdicts" in old.note
     new = verdict_table(current, diffs, "m", str(tmp_path),
                         types.SimpleNamespace(seeds=[10, 11, 12], judge="current"))
     assert [row[-1] for row in new.rows] == ["reproduced (current design)"]

@@ -373,8 +373,13 @@ def registered_design(registered: Mapping[str, Any] | None, fallback: Design | N
 
 # --- the table -------------------------------------------------------------------------------------------------
 
-VERDICT_HEADER = ("finding", "paper", "margin", f"ours: mean diff [{LEVEL:.0%} CI]", "sd: run (pilot)",
+VERDICT_HEADER = ("finding", "paper (its metric)", "margin", f"ours: mean diff [{LEVEL:.0%} CI]", "sd: run (pilot)",
                   "collapsed seeds", "Holm p", "verdict")
+SHORT_RULE = (f"Interval: {INTERVAL} at {LEVEL:.0%} over seeds. Up/down: the interval beyond 0 and reaching the margin "
+              "-> reproduced, beyond 0 short of it -> smaller than published; same: inside ± margin; not worse: above "
+              f"-margin; otherwise inconclusive. Confirmatory findings (planned chance of a verdict >= {POWER:g}) "
+              f"stand at Holm-adjusted p < {ALPHA:g}; the others are exploratory. The whole rule, collapsed seeds "
+              "and the interval's coverage: docs/sweeps.md#verdicts.")
 RULE = (f"Interval: {INTERVAL} at {LEVEL:.0%} over seeds (the paired t alone below 4 seeds; Clopper-Pearson on "
         "each seed's per-example counts where every seed gives the same difference). Rule (attn_lab/reporting/"
         "verdicts.py): up/down -- the interval above 0 and reaching the margin -> reproduced, above 0 but below the "
@@ -425,10 +430,18 @@ def plan_text(plan: Mapping[str, Any], margin: float) -> str:
                f"{plan_lib.MAX_SEEDS} seeds"))
 
 
+def verdict_header(metric: str) -> tuple[str, ...]:
+    """:data:`VERDICT_HEADER` with the metric that decides named where the numbers are (the paper's column names
+    the paper's metric in each row's text)."""
+    return tuple(f"ours: {metric}, mean diff [{LEVEL:.0%} CI]" if h.startswith("ours:") else
+                 f"margin ({metric})" if h == "margin" else h for h in VERDICT_HEADER)
+
+
 def verdict_note(judged: Sequence[Judged], metric: str, notes: Sequence[str] = ()) -> str:
-    """The rule, the metric, the family, the plan of every finding, and the registration notes."""
+    """The metric, the short rule (the whole one: docs/sweeps.md, :data:`RULE`), the family, the plan of every
+    finding, and the registration notes."""
     family = [j for j in judged if j.plan["confirmatory"]]
-    text = (f"Differences in {metric} (compared row minus baseline, paired by seed). {RULE} Family: "
+    text = (f"Decided in {metric}: compared row minus baseline, paired by seed. {SHORT_RULE} Family: "
             f"{len(family)} finding{'s' * (len(family) != 1)}.")
     plans = "; ".join(f"'{j.key}' ({'confirmatory' if j.plan['confirmatory'] else EXPLORATORY}): "
                       f"{plan_text(j.plan, j.finding.margin)}" for j in judged)
@@ -458,7 +471,7 @@ def verdict_table(design: Design | None, diffs: Mapping[str, Interval | None], m
         judged = [dataclasses.replace(j, verdict=f"{j.verdict} (pilot)") for j in judged]
     elif current:
         judged = [dataclasses.replace(j, verdict=f"{j.verdict} (current design)") for j in judged]
-    return Table(title, VERDICT_HEADER, verdict_rows(judged), verdict_note(judged, metric, notes))
+    return Table(title, verdict_header(metric), verdict_rows(judged), verdict_note(judged, metric, notes))
 
 
 def by_seed(group: Sequence[Mapping], metric: str) -> dict[int, float]:

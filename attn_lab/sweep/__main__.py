@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import subprocess
 import sys
 
 from absl import flags
@@ -37,7 +38,15 @@ from attn_lab.io import write_json_atomic
 from attn_lab.reporting.stats import INTERVAL
 from attn_lab.reporting.tables import read_json
 from attn_lab.reporting.verdicts import EXPLORATORY, file_sha256, plan_text, registration
-from attn_lab.sweep.runner import check_trials, collect, format_table, override_flags, run_sweep, write_csv
+from attn_lab.sweep.runner import (
+    check_trials,
+    child_env,
+    collect,
+    format_table,
+    override_flags,
+    run_sweep,
+    write_csv,
+)
 from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment
 from attn_lab.sweep.wandb_sweep import sweep_definition, trial_from_wandb, write_sweep_yaml
 from attn_lab.train.workdir import WorkdirBusy, WorkdirLock
@@ -50,6 +59,8 @@ _SHARD = flags.DEFINE_string("shard", "0/1", "I/N: run every N-th trial starting
 _SEEDS = DEFINE_integer_list("seeds", None, "Comma-separated seeds replacing the experiment's.")
 _STATUS_EVERY = flags.DEFINE_integer("status-every", 60, "Seconds between the status lines of the running trials "
                                      "(step, loss, steps/s); 0: none.", lower_bound=0)
+_TABLES = flags.DEFINE_bool("tables", True, "At the end, write and print the experiment's tables (mean +- sd over "
+                            "seeds; its verdicts where it has a design), as make_tables does.")
 _VMAP_SEEDS = flags.DEFINE_bool("vmap-seeds", False, "Train the seeds of each trial in one process (jax.vmap).")
 _EXPORT_WANDB = flags.DEFINE_string("export-wandb", None, "Write the sweep as a W&B grid sweep YAML and exit.")
 _WANDB_TRIAL = flags.DEFINE_string("wandb-trial", None, "(W&B agent) run the one trial with these JSON parameters.")
@@ -260,7 +271,27 @@ def _run(exp: Experiment, spec: str, trials: list[Trial], workdir: str, extra: l
               f"{os.path.join(workdir, 'results.csv')} written; the same command resumes the rest", file=sys.stderr)
         return 128 + signum
     print(format_table(rows))
-    return 0 if all(s in ("ok", "skipped") for s in statuses.values()) else 1
+    finished = all(s in ("ok", "skipped") for s in statuses.values())
+    if _TABLES.value and finished:
+        _print_tables(exp, workdir)
+    return 0 if finished else 1
+
+
+def _print_tables(exp: Experiment, workdir: str) -> None:
+    """The experiment's tables -- mean +- sd over seeds per variant and, with a design, the verdict rows -- written
+    and printed by the reporting command (a subprocess: the sweep does not import the reporting layer's entry)."""
+    again = f"python scripts/make_tables.py --workdir {workdir}"
+    if exp.report_fn is None:
+        print(f"no tables: the experiment file defines no report() ({again} says how to add one)")
+        return
+    proc = subprocess.run([sys.executable, "-m", "attn_lab.reporting", "--workdir", workdir], capture_output=True,
+                          text=True, env=child_env())
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"tables not written ({reason}); {again} retries", file=sys.stderr)
+        return
+    print(proc.stdout.split("Environments of these runs:")[0].rstrip())
+    print(f"tables, plots and environments in {os.path.join(workdir, 'tables')} ({again} rewrites them)")
 
 
 def run() -> None:

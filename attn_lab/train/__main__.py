@@ -24,7 +24,7 @@ from attn_lab.signals import Interrupted
 from attn_lab.train.config import check_parallel, check_workdirs, validate_config
 from attn_lab.train.parallel import initialize_distributed
 from attn_lab.train.seeds import seed_workdirs
-from attn_lab.train.summary import summary_line
+from attn_lab.train.summary import example_line, summary_line
 from attn_lab.train.trainer import reevaluate_seeds, train_seeds
 from attn_lab.train.workdir import BUSY_EXIT, WorkdirBusy
 
@@ -81,8 +81,11 @@ def main(argv: list[str]) -> int:
         stop_for_full_disk(disk_full_line(full, saved))
     for workdir, record, done in zip(workdirs, all_results, finished):
         if not done:
-            print(json.dumps(results.printed(workdir, record), indent=2) if _PRINT_JSON.value
-                  else summary_line(workdir, record))
+            if _PRINT_JSON.value:
+                print(json.dumps(results.printed(workdir, record), indent=2))
+                continue
+            example = example_line(record)
+            print(*([example] if example else []), summary_line(workdir, record), sep="\n")
     return 0
 
 

@@ -55,6 +55,16 @@ def write_curves(workdir: str) -> str | None:
     return path
 
 
+def example_line(record: dict[str, Any], width: int = 100) -> str | None:
+    """``example: source '...' | reference '...' | ours '...'`` of a translation run (the test split's first
+    example, decoded as scored), each text cut to ``width`` characters; None for other runs."""
+    example = record.get("example")
+    if not example:
+        return None
+    cut = {k: v if len(v) <= width else v[: width - 3] + "..." for k, v in example.items()}
+    return f"example: source {cut['source']!r} | reference {cut['reference']!r} | ours {cut['ours']!r}"
+
+
 def summary_line(workdir: str, record: dict[str, Any]) -> str:
     """``<workdir>: <steps> steps in <s> s (<r> steps/s after compilation); test loss ... (perplexity ...), <metric>
     ...; files: results.json, metrics.jsonl, curves.png``."""

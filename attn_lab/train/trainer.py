@@ -109,6 +109,7 @@ class Run:
                                                         objectives=objectives.configured(config),
                                                         num_steps=config.train.num_steps)
         self.decoders = _decoders(self.graphdef, self.task.max_target_length, models[0], n, config.eval)
+        self.example: list[dict] | None = None  # per seed, the test split's first example decoded (evaluate)
         self.uncached = sorted({a.kernel.name for a in decoding_attentions(models[0]) if not a.kernel.supports_decode}
                                ) if models[0].GENERATES else []  # kernels that make generation re-run the prefix
         self.capture = (jax.jit(seed_map(capture_step(self.graphdef), n, (0, None)))
@@ -155,6 +156,9 @@ class Run:
         results = [metrics_lib.summarize({k: float(v[i]) for k, v in sums.items()}) for i in range(n)]
         if decode is not None:
             refs = self.task.references(split)[: len(hyps[0])]
+            if split == "test" and refs:  # the summary's decoded example: the split's first, per seed
+                self.example = [{"source": self.task.source_text(split, 0), "reference": refs[0], "ours": h[0]}
+                                for h in hyps]
             for result, seed_hyps in zip(results, hyps):
                 result.update(metrics_lib.translation_scores(seed_hyps[: len(refs)], refs,
                                                              self.config.eval.bleu_tokenize))
@@ -458,6 +462,8 @@ def _finish(run: Run, i: int, step: int, test: dict[str, float], training: dict,
     learned = run.learned_heads(i)  # per-head spans / alphas of kernels that learn their shape
     extra = ({} if gates is None else results.gates_record(gates)) | ({"learned": learned} if learned else {})
     extra["config_fingerprint"] = identity.fingerprint(run.configs[i].to_dict())  # see attn_lab.identity
+    if run.example:
+        extra["example"] = run.example[i]
     record = results.results_record(workdir, test, training, time.time() - tested_from, run.configs[i].to_dict(),
                                     extra)
     if not results.test_logged(workdir, step):

@@ -104,6 +104,10 @@ class Task:
         source, reference = self._source(split), _REFERENCE[self.kind]
         return [reference(source[i]) for i in range(len(source))]
 
+    def source_text(self, split: str, index: int) -> str:
+        """The untokenized source of a translation example (what a run's summary shows beside its output)."""
+        return pipeline.as_text(self._source(split)[index]["source"])
+
     def decode(self, ids) -> str:
         """Text of token ids (stops at eos, skips pad and bos)."""
         return self.vocab.decode(ids)
