@@ -62,5 +62,6 @@ def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
     assert "undecidable" not in table
     assert "'A-h16' (confirmatory)" in first.stdout  # the sweep ends with its tables
     assert f"tables, plots and environments in {runs}/tables" in first.stdout
+    assert f"learning curves per variant (mean over seeds, band min-max): {runs}/tables/curves.png" in first.stdout
     environments = open(os.path.join(runs, "tables", "environments.md")).read()
     assert "3 runs: python " in environments and f"jax {env_block['packages']['jax']}" in environments

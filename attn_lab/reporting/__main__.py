@@ -89,12 +89,26 @@ def main(argv: list[str]) -> int:
             shutil.rmtree(out, ignore_errors=True)
         sys.exit(f"error: {e}")
     print(write_tables(out, name, tables))
+    _curves(out, sweep_dir, rows)
     envs = _environments(sweep_dir, rows)
     print("Environments of these runs:\n" + "\n".join(f"  {line}" for line in envs))
     write_text_atomic(pathlib.Path(out, "environments.md"),
                       "# Environments of these runs\n\n" + "".join(f"- {line}\n" for line in envs))
     print(f"wrote {out}/{name}.md, .tex, environments.md and PNGs")
     return 0
+
+
+def _curves(out: str, sweep_dir: str, rows: list[dict]) -> None:
+    """Learning curves per variant beside the tables; a plot that fails is a note (the tables are written)."""
+    from attn_lab.reporting.curves import write_variant_curves
+
+    try:
+        path = write_variant_curves(out, sweep_dir, rows)
+    except Exception as e:  # noqa: BLE001 (matplotlib fails in many ways; the tables are written either way)
+        print(f"note: learning curves not drawn ({type(e).__name__}: {e})")
+        return
+    if path:
+        print(f"learning curves per variant (mean over seeds, band min-max): {path}")
 
 
 def _runs(folder: str) -> int:
