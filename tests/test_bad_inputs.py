@@ -423,3 +423,23 @@ def test_help_prints_the_usage_and_its_flags_and_exits_0(module, tmp_path):
         assert proc.returncode == 0, proc.stderr[-1000:]
         assert "--workdir" in proc.stdout and "python -m " + module in proc.stdout
         assert "above every layer" not in proc.stdout and not os.listdir(tmp_path)
+
+
+HELP_IMPORTS = """
+import runpy, sys
+sys.argv = [sys.argv[1], "--help"]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__")
+except SystemExit:
+    pass
+print(sorted(m for m in ("jax", "flax", "tensorflow_datasets", "scipy", "orbax", "grain") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("module", ["attn_lab.train", "attn_lab.sweep", "attn_lab.analysis", "attn_lab.reporting"])
+def test_help_answers_before_anything_heavy_is_imported(module):
+    """--help (and a bad flag) must not wait for jax, flax, TFDS or scipy (seconds each on a loaded machine): the
+    commands import them after their flags parse (the analysis methods when they run)."""
+    proc = subprocess.run([sys.executable, "-c", HELP_IMPORTS, module], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout[-500:] + proc.stderr[-1000:]

@@ -13,11 +13,20 @@ metric depends on first (``importance_vs_drop`` in :mod:`attn_lab.analysis.impor
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from attn_lab.analysis.importance import Scorer, head_importance
+if TYPE_CHECKING:  # importance (jax) is imported where a curve is computed: the prune method's flags read ORDERS
+    from attn_lab.analysis.importance import Scorer
+
+def head_importance(*args, **kwargs) -> dict[str, np.ndarray]:
+    """:func:`attn_lab.analysis.importance.head_importance`, imported when first called (it needs jax; the prune
+    method's flags read :data:`ORDERS` at import)."""
+    from attn_lab.analysis.importance import head_importance as compute
+
+    return compute(*args, **kwargs)
+
 
 ORDERS = ("importance", "reverse", "random", "importance_raw")
 

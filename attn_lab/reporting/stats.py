@@ -26,13 +26,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import itertools
 import math
 from collections.abc import Callable, Mapping
 
 import numpy as np
-from scipy import special
-from scipy import stats as scipy_stats
+
+
+class _Lazy:
+    """A module imported on first use: the sweep command imports this module's constants, and its ``--help`` and
+    bad-flag lines should not wait for scipy (about a second)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+scipy_stats, special = _Lazy("scipy.stats"), _Lazy("scipy.special")
 
 LEVEL = 0.95
 INTERVAL = "t + bootstrap-t hull"  # the interval's name, printed in every verdict table's header

@@ -32,8 +32,7 @@ from attn_lab.cli import check_config_overrides
 from attn_lab.io import write_text_atomic
 from attn_lab.markdown import markdown_table
 from attn_lab.sweep.spec import SWEEP_FIELD, Experiment, Trial, load_config_file
-from attn_lab.train.seeds import SEED_FIELD
-from attn_lab.train.workdir import BUSY_EXIT
+from attn_lab.train.workdir import BUSY_EXIT, SEED_FIELD
 
 
 def override_flags(overrides: dict[str, Any]) -> list[str]:

@@ -21,12 +21,8 @@ from attn_lab.cli import DEFINE_integer_list, main_args, run_entry_point
 from attn_lab.diskfull import disk_full, disk_full_line, stop_for_full_disk
 from attn_lab.identity import checkpoint_steps
 from attn_lab.signals import Interrupted
-from attn_lab.train.config import check_parallel, check_workdirs, validate_config
-from attn_lab.train.parallel import initialize_distributed
-from attn_lab.train.seeds import seed_workdirs
 from attn_lab.train.summary import example_line, summary_line
-from attn_lab.train.trainer import reevaluate_seeds, train_seeds
-from attn_lab.train.workdir import BUSY_EXIT, WorkdirBusy
+from attn_lab.train.workdir import BUSY_EXIT, WorkdirBusy, seed_workdirs
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, optionally with ':preset'.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder (metrics, checkpoints, W&B, results.json).")
@@ -42,7 +38,13 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv: list[str]) -> int:
+    """Checks every input, then trains (or reevaluates). jax and the model code are imported here, after the flags
+    parsed, so that ``--help`` and a bad flag answer at once."""
     main_args(argv)
+    from attn_lab.train.config import check_parallel, check_workdirs, validate_config
+    from attn_lab.train.parallel import initialize_distributed
+    from attn_lab.train.trainer import reevaluate_seeds, train_seeds
+
     config = _CONFIG.value
     try:  # every check below writes nothing: a bad input stops here, in one line, before any file exists
         check_parallel(config)  # pure Python, so it can run before jax.distributed starts

@@ -47,7 +47,7 @@ from attn_lab.data.tasks import ResolvedTask, resolve
 from attn_lab.models import attention_kinds, model_class, parse_head_mask
 from attn_lab.models.transformer import attention_spec
 from attn_lab.train.logging import check_wandb_mode
-from attn_lab.train.seeds import SEED_FIELD
+from attn_lab.train.workdir import SEED_FIELD
 
 
 def choice(*options: str) -> Rule:

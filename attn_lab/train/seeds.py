@@ -15,8 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-SEED_FIELD = "{seed}"  # placeholder in a workdir template: runs/x/seed={seed}
-
 
 def seed_map(fn: Callable, num_seeds: int, in_axes: tuple[int | None, ...]) -> Callable:
     """``fn`` over a leading seed axis of the arguments whose ``in_axes`` entry is 0 (None: shared by all seeds).
@@ -52,15 +50,3 @@ def stack_batches(batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndar
         shape = np.max([a.shape for a in arrays], axis=0)
         out[key] = np.stack([np.pad(a, [(0, n - m) for n, m in zip(shape, a.shape)]) for a in arrays])
     return out
-
-
-def seed_workdirs(workdir: str, seeds: Sequence[int]) -> list[str]:
-    """One folder per seed from a template containing ``{seed}`` (a single seed may use a plain folder)."""
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds has duplicates: {list(seeds)}")
-    if SEED_FIELD not in workdir:
-        if len(seeds) > 1:
-            raise ValueError(f"--workdir {workdir!r} must contain {SEED_FIELD} to train several seeds")
-        return [workdir]
-    return [workdir.replace(SEED_FIELD, str(s)) for s in seeds]
-

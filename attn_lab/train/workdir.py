@@ -16,7 +16,7 @@ import json
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from attn_lab.checks import RunError
 
@@ -113,3 +113,17 @@ def lock_workdirs(workdirs: list[str]) -> list[WorkdirLock]:
             lock.release()
         raise
     return locks
+
+
+SEED_FIELD = "{seed}"  # placeholder in a workdir template: runs/x/seed={seed}
+
+
+def seed_workdirs(workdir: str, seeds: Sequence[int]) -> list[str]:
+    """One folder per seed from a template containing ``{seed}`` (a single seed may use a plain folder)."""
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds has duplicates: {list(seeds)}")
+    if SEED_FIELD not in workdir:
+        if len(seeds) > 1:
+            raise ValueError(f"--workdir {workdir!r} must contain {SEED_FIELD} to train several seeds")
+        return [workdir]
+    return [workdir.replace(SEED_FIELD, str(s)) for s in seeds]

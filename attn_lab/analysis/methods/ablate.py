@@ -4,17 +4,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from attn_lab.analysis import importance
-from attn_lab.analysis.context import AnalysisContext
 from attn_lab.analysis.methods import register_method
 from attn_lab.analysis.methods._summary import head, number
+
+if TYPE_CHECKING:  # the heavy modules (jax, the models) are imported when a method runs: --help answers at once
+    from attn_lab.analysis.context import AnalysisContext
 
 
 @register_method("ablate", order=20)
 def ablate(ctx: AnalysisContext) -> None:
     """Single-head and all-but-one masking, scored with --metric; importance vs the single-head drop."""
+    from attn_lab.analysis import importance
+
     single = importance.single_head_ablation(ctx.run.state, ctx.shapes, ctx.score)
     keep_one = importance.all_but_one(ctx.run.state, ctx.shapes, ctx.score)
     deltas = {k: np.asarray(single[k]["delta"]) for k in ctx.shapes}  # (L, N) each

@@ -6,14 +6,16 @@ shape learned (spans, alphas), and one example's attention maps per kind (``--ex
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from absl import flags
 
-from attn_lab.analysis import importance, plots
-from attn_lab.analysis.context import AnalysisContext
+from attn_lab.analysis import plots
 from attn_lab.analysis.methods import register_method
-from attn_lab.analysis.run import capture_maps
-from attn_lab.train import diagnostics, learned
+
+if TYPE_CHECKING:  # the heavy modules (jax, the models) are imported when a method runs: --help answers at once
+    from attn_lab.analysis.context import AnalysisContext
 
 _EXAMPLE = flags.DEFINE_integer("example", 0, "diagnose: which example of the first batch to draw.", lower_bound=0)
 
@@ -43,6 +45,10 @@ def _learned_plots(ctx: AnalysisContext, values_of: dict[str, dict[str, np.ndarr
 @register_method("diagnose", order=60)
 def diagnose(ctx: AnalysisContext) -> None:
     """Per-head attention statistics, gradient norms, flags and learned shapes; the maps of one example."""
+    from attn_lab.analysis import importance
+    from attn_lab.analysis.run import capture_maps
+    from attn_lab.train import diagnostics, learned
+
     captured = capture_maps(ctx.run, ctx.batches[0])
     layers = {name: diagnostics.layer_report(c["maps"], c["valid_keys"], c["head_outputs"], c.get("valid_queries"))
               for name, c in captured.items()}

@@ -5,13 +5,16 @@ gates.json, gates.png and one logged step per row."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from absl import flags
 
 from attn_lab import results
-from attn_lab.analysis import derived
-from attn_lab.analysis.context import AnalysisContext
 from attn_lab.analysis.methods import register_method
 from attn_lab.analysis.methods._flags import ShareListParser, list_flag
+
+if TYPE_CHECKING:  # the heavy modules (jax, the models) are imported when a method runs: --help answers at once
+    from attn_lab.analysis.context import AnalysisContext
 
 _TARGETS = list_flag(ShareListParser(), "gate-targets", "0.5,0.25",
                      "gates: comma-separated shares of heads to keep, each in (0, 1]; one run each.")
@@ -26,6 +29,8 @@ def _row(target: float, kept: int, metric: str, record: dict, workdir: str, **ga
 @register_method("gates", order=50, trains=True)
 def gates(ctx: AnalysisContext) -> None:
     """L0 gates trained from this run for each target share of heads; heads kept vs the test metric."""
+    from attn_lab.analysis import derived
+
     metric = "bleu" if ctx.run.generates else "accuracy"
     source = ctx.flags.workdir
     _announce(source, _TARGETS.value, _STEPS.value)

@@ -4,12 +4,16 @@ Writes importance.json and importance.png ``{kind: [L, N]}``."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from absl import flags
 
-from attn_lab.analysis.context import AnalysisContext
 from attn_lab.analysis.methods import register_method
 from attn_lab.analysis.methods._summary import head, per_kind
+
+if TYPE_CHECKING:  # the heavy modules (jax, the models) are imported when a method runs: --help answers at once
+    from attn_lab.analysis.context import AnalysisContext
 
 _NORMALIZE = flags.DEFINE_bool("normalize", False, "importance: unit l2 norm per layer (Michel et al.).")
 

@@ -6,15 +6,16 @@ prune.json, prune.png (the curves) and one logged step per pruning step."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from absl import flags
 
-from attn_lab.analysis import derived, pruning
-from attn_lab.analysis.context import AnalysisContext
+from attn_lab.analysis import pruning
 from attn_lab.analysis.methods import register_method
 from attn_lab.analysis.methods._flags import ChoicesListParser, list_flag
-from attn_lab.train.restore import load_finished_run
+
+if TYPE_CHECKING:  # the heavy modules (jax, the models) are imported when a method runs: --help answers at once
+    from attn_lab.analysis.context import AnalysisContext
 
 # Michel et al.'s curves; importance_raw: importance without per-layer normalization
 DEFAULT_ORDERS = pruning.ORDERS[:3]
@@ -34,6 +35,9 @@ flags.register_validator("prune-fraction", lambda v: v > 0, message="must be in 
 def _finetune(ctx: AnalysisContext) -> Callable | None:
     """prune's ``finetune`` factory: per curve (``chain``) a derived run per pruning step, each continuing the
     previous one of its chain."""
+    from attn_lab.analysis import derived
+    from attn_lab.train.restore import load_finished_run
+
     def chain(name: str) -> Callable:
         previous = {"dir": ctx.flags.workdir}
 

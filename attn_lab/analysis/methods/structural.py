@@ -4,11 +4,14 @@ reason in structural.json, for grouped key/value heads (see ``attn_lab.analysis.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from absl import flags
 
-from attn_lab.analysis import pruning, structural
-from attn_lab.analysis.context import AnalysisContext
 from attn_lab.analysis.methods import register_method
+
+if TYPE_CHECKING:  # the heavy modules (jax, the models) are imported when a method runs: --help answers at once
+    from attn_lab.analysis.context import AnalysisContext
 
 _PERCENT = flags.DEFINE_float("structural-percent", 50.0, "structural: % of heads removed, in [0, 100).")
 _SPEED_BATCH = flags.DEFINE_integer("speed-batch", 64, "structural: batch size of the timed forward pass.",
@@ -19,6 +22,8 @@ flags.register_validator("structural-percent", lambda v: 0 <= v < 100, message="
 @register_method("structural", order=40)
 def structural_pruning(ctx: AnalysisContext) -> None:
     """Physically pruned model vs the full one: parameters, max |pruned - masked| output and forward speed."""
+    from attn_lab.analysis import pruning, structural
+
     grouped = structural.grouped_kinds(ctx.model())
     if grouped:
         reason = (f"{', '.join(grouped)} has grouped key/value heads (num_kv_heads < num_heads); structural pruning "
