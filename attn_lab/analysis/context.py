@@ -24,7 +24,7 @@ from attn_lab.models import mask_shapes
 from attn_lab.results import METRICS_FILE
 from attn_lab.train.logging import MetricLogger
 from attn_lab.train.restore import FinishedRun
-from attn_lab.train.steps import merge
+from attn_lab.train.state import merge
 
 
 @dataclasses.dataclass(frozen=True)

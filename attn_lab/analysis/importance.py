@@ -17,7 +17,7 @@ import numpy as np
 
 from attn_lab.models import Ctx, resolve
 from attn_lab.train import losses
-from attn_lab.train.steps import merge
+from attn_lab.train.state import merge
 
 
 def ones(shapes: dict[str, tuple[int, int]], batch: int) -> dict[str, jax.Array]:

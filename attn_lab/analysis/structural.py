@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 
 from attn_lab.models import Ctx, attention_layers, count_params, resolve, set_module
-from attn_lab.train.steps import merge
+from attn_lab.train.state import merge
 
 
 def prune_model(model: nnx.Module, masks: dict[str, np.ndarray]) -> nnx.Module:

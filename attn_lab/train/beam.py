@@ -21,7 +21,7 @@ from flax import nnx
 
 from attn_lab.models import decoding_attentions
 from attn_lab.models.transformer import BOS, EOS, PAD, Ctx
-from attn_lab.train.steps import merge
+from attn_lab.train.state import merge
 
 
 class Beams(NamedTuple):

@@ -14,7 +14,7 @@ from flax import nnx
 
 from attn_lab.models import Ctx, attention_layers
 from attn_lab.train import diagnostics
-from attn_lab.train.steps import merge
+from attn_lab.train.state import merge
 
 
 def capture_step(graphdef: Any) -> Callable[[dict, dict], dict]:

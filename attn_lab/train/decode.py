@@ -14,7 +14,7 @@ from flax import nnx
 from attn_lab.models.transformer import BOS, EOS, Ctx
 from attn_lab.train.beam import beam_search, beam_search_uncached
 from attn_lab.train.seeds import seed_map
-from attn_lab.train.steps import merge
+from attn_lab.train.state import merge
 
 
 def greedy_decode(state: dict, inputs: jax.Array, head_masks: dict | None = None, *, graphdef: Any,

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attn_lab.models.transformer import Ctx
-from attn_lab.train.steps import merge
+from attn_lab.train.state import merge
 
 
 def pick(logits: jax.Array, key: jax.Array, temperature: float, top_k: int | None) -> jax.Array:

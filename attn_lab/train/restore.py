@@ -26,7 +26,8 @@ from attn_lab.train import uptrain
 from attn_lab.train.checkpoint import Checkpointer, restore_common
 from attn_lab.train.decode import compile_decode, split_beam_size
 from attn_lab.train.metrics import translation_scores
-from attn_lab.train.steps import init_state, make_optimizer, merge, model_state
+from attn_lab.train.state import merge, model_state
+from attn_lab.train.steps import init_state, make_optimizer
 
 
 @dataclasses.dataclass

@@ -20,6 +20,7 @@ from attn_lab import objectives as objectives_lib
 from attn_lab.models import Ctx
 from attn_lab.train import losses
 from attn_lab.train.seeds import seed_map
+from attn_lab.train.state import merge, model_state  # noqa: F401 (re-exported: forks import them from here)
 
 
 def learning_rate_schedule(tcfg: Any) -> optax.Schedule:
@@ -75,16 +76,6 @@ def init_state(params: Any, model_state: Any, tx: optax.GradientTransformation, 
     """The training state for ``params`` and non-trainable ``model_state`` (pure dicts)."""
     return {"step": jnp.zeros((), jnp.int32), "params": params, "model_state": model_state,
             "opt_state": tx.init(params), "rng": jax.random.key_data(jax.random.key(seed))}
-
-
-def merge(graphdef: Any, state: dict, params: Any = None) -> nnx.Module:
-    """The model from a training state (optionally with other ``params``, e.g. the ones being differentiated)."""
-    return nnx.merge(graphdef, state["params"] if params is None else params, state["model_state"])
-
-
-def model_state(model: nnx.Module) -> Any:
-    """The model's variables that are not trainable parameters, as a pure dict."""
-    return nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[2])
 
 
 def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTransformation, label_smoothing: float,

@@ -37,7 +37,8 @@ from attn_lab.train.loop import LoopStats, speed, train_loop
 from attn_lab.train.parallel import DataParallel, main_process_first
 from attn_lab.train.restore import check_warm_start, warm_start
 from attn_lab.train.seeds import seed_map, stack, unstack
-from attn_lab.train.steps import compile_steps, init_state, make_optimizer, merge, model_state
+from attn_lab.train.state import merge, model_state
+from attn_lab.train.steps import compile_steps, init_state, make_optimizer
 from attn_lab.train.workdir import SEED_FIELD, lock_workdirs
 
 
