@@ -176,6 +176,7 @@ def test_analyze_heads_script_on_a_finished_run(tmp_path):
     c.wandb.mode = "disabled"
     train_and_evaluate(c, str(tmp_path / "run"))
     _analyze([sys.executable, "-m", "attn_lab.analysis"], "--workdir", str(tmp_path / "run"), "--max-batches", "1",
+             "--what", "importance,ablate,prune,structural,gates,diagnose",
              "--prune-fraction", "0.5", "--gate-targets", "0.5", "--gate-steps", "4", "--speed-batch", "8")
     out = tmp_path / "run" / "analysis"
     structural = json.loads((out / "structural.json").read_text())

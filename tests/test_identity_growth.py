@@ -1,5 +1,5 @@
 """The lab grows under a recorded run: a model kind (with an attention kind of its own), a training objective, a
-kernel and a task registered after a run was trained leave it the same run (attn_lab/identity.py, ``used``): the
+kernel and a task registered after a run was trained leave it the same run (attn_lab/train/identity.py, ``used``): the
 finished run says there is nothing to do and writes nothing, an interrupted one resumes to the uninterrupted
 numbers, and a real change is still refused in one line. Before identity compared what a run uses, each of these
 made every recorded run refuse to resume (``loss.<new>.weight='(absent)'``, a longer ``loss.diversity.kinds``)."""
@@ -12,13 +12,14 @@ import ml_collections
 import pytest
 from flax import nnx
 
-from attn_lab import identity, objectives
+from attn_lab import objectives
 from attn_lab.attention import registry as kernels
 from attn_lab.attention.dense import DenseAttention
 from attn_lab.checks import RunError
 from attn_lab.cli import check_config_overrides
 from attn_lab.data import tasks
 from attn_lab.models import sites
+from attn_lab.train import identity
 from attn_lab.train.trainer import train_and_evaluate
 from tests.helpers import tiny_numbers
 

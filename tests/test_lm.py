@@ -79,6 +79,8 @@ def test_greedy_generation_cached_and_uncached_equal_a_rollout_of_the_full_forwa
         rollout = jnp.concatenate([rollout, nxt[:, None]], axis=1)
     for out in outs:
         np.testing.assert_array_equal(out, rollout)
+    ahead = compile_generate(graphdef, 6, cached=ways[-1]).lower(state, prompt, key).compile()  # as benchmarks do
+    np.testing.assert_array_equal(ahead(state, prompt, key), rollout)
 
 
 def test_sampling_with_temperature_and_top_k_cached_equals_uncached_and_follows_the_softmax():
@@ -268,7 +270,8 @@ def test_an_lm_trains_with_gates_diversity_and_grouped_heads_and_the_head_analys
     assert np.isfinite(results["final"]["test"]["loss"])
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-m", "attn_lab.analysis", "--workdir", str(tmp_path / "run"),
-                           "--max-batches", "1", "--prune-fraction", "0.5", "--gate-targets", "0.5", "--gate-steps",
+                           "--what", "importance,ablate,prune,structural,gates,diagnose", "--max-batches", "1",
+                           "--prune-fraction", "0.5", "--gate-targets", "0.5", "--gate-steps",
                            "2", "--speed-batch", "4"], capture_output=True, text=True, timeout=600, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "run" / "analysis"

@@ -54,6 +54,10 @@ def test_quickstart_main_job_runs_at_tiny_size_then_tabulates(tmp_path):
     finished = [d for d in os.listdir(runs) if os.path.exists(os.path.join(runs, d, "results.json"))]
     assert len(finished) == 3  # trials 0, 2 and 4 of the demo's 6 (2 rows x 3 seeds)
     results = json.load(open(os.path.join(runs, finished[0], "results.json")))
+    example = results["example"]  # a language model's summary continues the test split's first verse
+    assert example["prompt"] and isinstance(example["ours"], str) and set(example) == {"prompt", "ours"}
+    logs = "".join(open(os.path.join(runs, "logs", f)).read() for f in os.listdir(os.path.join(runs, "logs")))
+    assert f"example: prompt {example['prompt']!r}" in logs
     env_block = results["environment"]
     assert env_block["packages"]["jax"] and env_block["backend"] == "cpu" and env_block["device_count"] >= 1
     assert env_block["python"] == ".".join(map(str, sys.version_info[:3]))

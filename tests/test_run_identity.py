@@ -1,4 +1,4 @@
-"""A run's identity (attn_lab/identity.py) and the files every command reads or writes, checked without training:
+"""A run's identity (attn_lab/train/identity.py) and the files every command reads or writes, checked without training:
 which keys make a run another run, file modes, user files with errors, damaged vocabularies and metrics lines, and
 what a task's length limits cut."""
 
@@ -8,11 +8,11 @@ import pathlib
 
 import pytest
 
-from attn_lab import identity
 from attn_lab.checks import load_user_module
 from attn_lab.cli import check_config_overrides
 from attn_lab.data.tokenizers import Vocab
 from attn_lab.io import write_json_atomic, write_text_atomic
+from attn_lab.train import identity
 from attn_lab.train.config import unused_kernel_options
 from attn_lab.train.logging import _truncate_jsonl
 from tests.helpers import load_config, tiny_numbers, tiny_numbers_flags

@@ -111,3 +111,9 @@ def test_make_tables_tables_a_run_s_folder_and_a_folder_of_runs(trained, tmp_pat
         test = record["final"]["test"]
         assert f"| run | 12 | {record['num_params']} | {test['loss']:.4g} | {test['accuracy']:.4g} |" in table
         assert os.path.exists(os.path.join(out, "runs.tex"))
+
+
+def test_a_language_model_s_example_line_is_its_prompt_and_continuation_each_cut_to_the_width():
+    record = {"example": {"prompt": "In the beginning", "ours": "x" * 150}}
+    assert summary.example_line(record) == f"example: prompt 'In the beginning' | ours '{'x' * 97}...'"
+    assert summary.example_line({"final": {}}) is None

@@ -36,7 +36,7 @@ from attn_lab.analysis import methods
 from attn_lab.analysis.methods._flags import ChoicesListParser, list_flag
 from attn_lab.checks import RunError
 from attn_lab.cli import main_args, run_entry_point
-from attn_lab.identity import check_finished
+from attn_lab.train.identity import check_finished
 
 METRICS = ("accuracy", "log_likelihood", "bleu", "exact_match")
 

@@ -2,27 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: str) -> None:
-    """Writes the PNG atomically (a temp file renamed into place) and frees the figure."""
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    pyplot().close(fig)
-    os.replace(tmp, path)
+from attn_lab.figures import pyplot, save_figure  # noqa: F401 (re-exported: the plots below and forks use them)
 
 
 def grid_plot(path: str, grids: dict[str, np.ndarray], title: str) -> None:

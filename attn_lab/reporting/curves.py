@@ -49,7 +49,7 @@ def write_variant_curves(out_dir: str, sweep_dir: str, rows: Sequence[dict[str, 
     curves = variant_curves(sweep_dir, rows)
     if not curves or max(len(c) for c in curves.values()) > MAX_VARIANTS:
         return None
-    from attn_lab.analysis.plots import pyplot, save_figure
+    from attn_lab.figures import pyplot, save_figure
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 3.8), squeeze=False)

@@ -280,7 +280,7 @@ def _run(exp: Experiment, spec: str, trials: list[Trial], workdir: str, extra: l
 def _print_tables(exp: Experiment, workdir: str) -> None:
     """The experiment's tables -- mean +- sd over seeds per variant and, with a design, the verdict rows -- written
     and printed by the reporting command (a subprocess: the sweep does not import the reporting layer's entry)."""
-    again = f"python scripts/make_tables.py --workdir {workdir}"
+    again = f"python -m attn_lab.reporting --workdir {workdir}"  # scripts/make_tables.py runs the same
     if exp.report_fn is None:
         print(f"no tables: the experiment file defines no report() ({again} says how to add one)")
         return

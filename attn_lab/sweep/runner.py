@@ -26,12 +26,13 @@ import threading
 import time
 from typing import Any
 
-from attn_lab import identity, results, signals
+from attn_lab import results, signals
 from attn_lab.checks import RunError
 from attn_lab.cli import check_config_overrides
 from attn_lab.io import write_text_atomic
 from attn_lab.markdown import markdown_table
 from attn_lab.sweep.spec import SWEEP_FIELD, Experiment, Trial, load_config_file
+from attn_lab.train import identity
 from attn_lab.train.workdir import BUSY_EXIT, SEED_FIELD
 
 

@@ -19,8 +19,8 @@ from attn_lab import results
 from attn_lab.checks import RunError, check_seed
 from attn_lab.cli import DEFINE_integer_list, main_args, run_entry_point
 from attn_lab.diskfull import disk_full, disk_full_line, stop_for_full_disk
-from attn_lab.identity import checkpoint_steps
 from attn_lab.signals import Interrupted
+from attn_lab.train.identity import checkpoint_steps
 from attn_lab.train.summary import example_line, summary_line
 from attn_lab.train.workdir import BUSY_EXIT, WorkdirBusy, seed_workdirs
 

@@ -24,7 +24,7 @@ from flax import nnx
 from ml_collections import config_dict
 from sacrebleu.metrics import BLEU
 
-from attn_lab import identity, objectives
+from attn_lab import objectives
 from attn_lab.attention import KERNELS, build_kernel, validate_spec
 from attn_lab.attention.registry import default_options, option_type
 from attn_lab.checks import (
@@ -46,6 +46,7 @@ from attn_lab.data.pipeline import bucket_lengths
 from attn_lab.data.tasks import ResolvedTask, resolve
 from attn_lab.models import attention_kinds, model_class, parse_head_mask
 from attn_lab.models.transformer import attention_spec
+from attn_lab.train import identity
 from attn_lab.train.logging import check_wandb_mode
 from attn_lab.train.workdir import SEED_FIELD
 
@@ -360,7 +361,7 @@ def _check_kv_pooling(config: Any, task: ResolvedTask) -> None:
 
 def unused_kernel_options(config: Any) -> list[str]:
     """``model.attention.<kernel>.<option>=<value>`` of each option set away from its default for a kernel that no
-    attention uses (:func:`attn_lab.identity.unused_kernels`): it does nothing. Not an error -- one experiment's
+    attention uses (:func:`attn_lab.train.identity.unused_kernels`): it does nothing. Not an error -- one experiment's
     ``overrides`` may set every variant's options for all of its trials -- but the run says so
     (:func:`validate_config` returns these)."""
     keys = identity.flat(config.to_dict())

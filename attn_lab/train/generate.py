@@ -103,9 +103,17 @@ def compile_generate(graphdef: Any, new_tokens: int, *, cached: bool = True, tem
 
     limit: list[int | None] = []  # the graph's positions (static): read once, from the first state
 
-    def checked(state: dict, prompt: jax.Array, key: jax.Array) -> jax.Array:
+    def check(state: dict, prompt: jax.Array) -> None:
         if not limit:
             limit.append(getattr(merge(graphdef, state), "max_positions", None))
         check_request(prompt.shape[-1], new_tokens, limit[0])
+
+    def checked(state: dict, prompt: jax.Array, key: jax.Array) -> jax.Array:
+        check(state, prompt)
         return run(state, prompt, key)
+
+    def lower(state: dict, prompt: jax.Array, key: jax.Array):  # as jax.jit's: benchmarks compile ahead of time
+        check(state, prompt)
+        return run.lower(state, prompt, key)
+    checked.lower = lower
     return checked

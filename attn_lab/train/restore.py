@@ -16,15 +16,14 @@ import ml_collections
 import numpy as np
 from flax import nnx, traverse_util
 
-from attn_lab import identity
 from attn_lab.checks import RunError
 from attn_lab.data import Task, load_task
-from attn_lab.identity import checkpoint_steps
 from attn_lab.models import build_model, model_class, supports_cached_decoding
 from attn_lab.results import read_config
-from attn_lab.train import uptrain
+from attn_lab.train import identity, uptrain
 from attn_lab.train.checkpoint import Checkpointer, restore_common
 from attn_lab.train.decode import compile_decode, split_beam_size
+from attn_lab.train.identity import checkpoint_steps
 from attn_lab.train.metrics import translation_scores
 from attn_lab.train.state import merge, model_state
 from attn_lab.train.steps import init_state, make_optimizer
@@ -75,7 +74,7 @@ class FinishedRun:
 
 
 def with_legacy_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """``config`` (a run's config.json) with every :data:`attn_lab.identity.RECORDED_BEFORE` key it lacks at its
+    """``config`` (a run's config.json) with every :data:`attn_lab.train.identity.RECORDED_BEFORE` key it lacks at its
     old behaviour (so a run from before restores with its own optimizer state, and its derived runs -- gates,
     fine-tuning -- validate); the identity comparison fills the same values."""
     for dotted, value in identity.RECORDED_BEFORE.items():
@@ -92,7 +91,7 @@ def with_legacy_keys(config: ml_collections.ConfigDict) -> ml_collections.Config
 def load_finished_run(workdir: str) -> FinishedRun:
     """Rebuilds the model from ``workdir/config.json`` and restores its newest readable checkpoint (a newer one that
     cannot be read is named in one line and left as it is: an analysis renames nothing). Whether the run finished
-    is the caller's check (:func:`attn_lab.identity.check_finished`). Every failure is one line naming the file
+    is the caller's check (:func:`attn_lab.train.identity.check_finished`). Every failure is one line naming the file
     (a ValueError, or a :class:`~attn_lab.train.checkpoint.CheckpointError` when no checkpoint can be read)."""
     if not os.path.isdir(workdir):
         raise ValueError(f"{workdir} is not a folder")

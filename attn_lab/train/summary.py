@@ -41,7 +41,7 @@ def write_curves(workdir: str) -> str | None:
     panels = curve_points(workdir)
     if not panels:
         return None
-    from attn_lab.analysis.plots import pyplot, save_figure
+    from attn_lab.figures import pyplot, save_figure
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.5), squeeze=False)
@@ -57,12 +57,13 @@ def write_curves(workdir: str) -> str | None:
 
 def example_line(record: dict[str, Any], width: int = 100) -> str | None:
     """``example: source '...' | reference '...' | ours '...'`` of a translation run (the test split's first
-    example, decoded as scored), each text cut to ``width`` characters; None for other runs."""
+    example, decoded as scored) or ``example: prompt '...' | ours '...'`` of a language model (its greedy
+    continuation of the test split's first text), each text cut to ``width`` characters; None for other runs."""
     example = record.get("example")
     if not example:
         return None
     cut = {k: v if len(v) <= width else v[: width - 3] + "..." for k, v in example.items()}
-    return f"example: source {cut['source']!r} | reference {cut['reference']!r} | ours {cut['ours']!r}"
+    return "example: " + " | ".join(f"{k} {v!r}" for k, v in cut.items())
 
 
 def summary_line(workdir: str, record: dict[str, Any]) -> str:

@@ -17,25 +17,27 @@ import jax
 import numpy as np
 from flax import nnx, traverse_util
 
-from attn_lab import identity, objectives, results
+from attn_lab import objectives, results
 from attn_lab.attention.dispatch import describe_dispatch
 from attn_lab.checks import RunError, describe
 from attn_lab.data import load_task
 from attn_lab.environment import environment
 from attn_lab.models import build_model, count_params, supports_cached_decoding
-from attn_lab.models.gates import binary_gates
 from attn_lab.models.sites import decoding_attentions
+from attn_lab.train import identity
 from attn_lab.train import learned as learned_lib
 from attn_lab.train import metrics as metrics_lib
-from attn_lab.train import summary
+from attn_lab.train.announce import announce
 from attn_lab.train.capture import as_layers, capture_step, track_summary
 from attn_lab.train.checkpoint import Checkpointer, restore_common
 from attn_lab.train.config import validate_config
 from attn_lab.train.decode import compile_decode, split_beam_size
+from attn_lab.train.finish import finish, training_records
 from attn_lab.train.logging import MetricLogger
-from attn_lab.train.loop import LoopStats, speed, train_loop
+from attn_lab.train.loop import train_loop
 from attn_lab.train.parallel import DataParallel, main_process_first
 from attn_lab.train.restore import check_warm_start, warm_start
+from attn_lab.train.sample import continuations
 from attn_lab.train.seeds import seed_map, stack, unstack
 from attn_lab.train.state import merge, model_state
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer
@@ -256,7 +258,7 @@ CUT_REFUSED = 0.95  # share of cut training targets at which a generation task c
 def _check_targets(task: Any) -> None:
     """A generation (translation) task whose target limit cuts all or nearly all (>= :data:`CUT_REFUSED`) of its
     training targets is refused in one line: trained on cut targets it never sees an end, so no output can be
-    right. A smaller share stays a note at the run's start (:func:`_cut_notes`)."""
+    right. A smaller share stays a note at the run's start (:func:`attn_lab.train.announce.cut_notes`)."""
     if task.kind != "translation":
         return
     cut, seen, longest = task.overlong("train").get("max_target_length", (0, 0, 0))
@@ -323,7 +325,7 @@ def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *, s
     results.json); results also record ``seeds_vectorized``, the number of seeds that shared the program. A folder
     whose run already finished (it has results.json) is left untouched -- no file written, no W&B run started -- and
     its results.json is returned: what a finished run wrote is never rewritten by a rerun. A folder trained with
-    another config (:mod:`attn_lab.identity`) stops the run in one line. ``train.init_from`` must name a finished
+    another config (:mod:`attn_lab.train.identity`) stops the run in one line. ``train.init_from`` must name a finished
     run unless ``allow_unfinished`` (then its newest checkpoint is used, and named).
     """
     validate_config(config)
@@ -351,7 +353,7 @@ def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *, s
 
 def _check_identities(workdirs: Sequence[str], configs: Sequence[Any], under_lock: bool = False) -> list:
     """Per folder: its results.json when it finished with this config, None when it is new or resumes with it;
-    a one-line RunError when it was trained with another config (see :mod:`attn_lab.identity`). ``under_lock``:
+    a one-line RunError when it was trained with another config (see :mod:`attn_lab.train.identity`). ``under_lock``:
     a finished one raises :class:`FinishedMeanwhile` (it finished after the first check)."""
     done = [identity.check_same_run(w, c.to_dict()) for w, c in zip(workdirs, configs)]
     finished = [w for w, record in zip(workdirs, done) if record is not None]
@@ -395,90 +397,23 @@ def _train(config: Any, workdirs: list[str], seeds: list[int], stop_after: int |
     start = time.time()
     run = Run(config, workdirs, seeds)
     try:
-        _announce(run)
+        announce(run)
         stats = train_loop(run, stop_after)
         if stats.step < config.train.num_steps:
             return [{"step": stats.step, "finished": False} for _ in run.seeds]
-        trainings, tested_from = _training_records(run, stats, start), time.time()
+        trainings, tested_from = training_records(run, stats, start), time.time()
         tests = run.evaluate("test")
-        return [_finish(run, i, stats.step, test, trainings[i] | {"environment": run.environment}, tested_from)
+        run.example = run.example or _continuations(run)
+        return [finish(run, i, stats.step, test, trainings[i] | {"environment": run.environment}, tested_from)
                 for i, test in enumerate(tests)]
     finally:
         run.close()
 
 
-def _announce(run: Run) -> None:
-    """The run's start: parameter count to W&B; config.json written; the model and dispatch lines printed."""
-    for logger in run.loggers:
-        logger.summary({"num_params": run.num_params})
-    if not run.main:
-        return
-    for w, c in zip(run.workdirs, run.configs):
-        if not run.start_step:  # a resumed run keeps the config.json it started with (the same identity)
-            results.write_config(w, c.to_dict())
-    for line in _cut_notes(run.task, run.config.task.name) if not run.start_step else ():  # said at the start
-        print(line, flush=True)
-    resumed = f", resuming at step {run.start_step}" if run.start_step else ""
-    vectorized = f", seeds {run.seeds} in one program" if len(run.seeds) > 1 else ""
-    print(f"{run.config.task.name}: {run.task.kind} model, {run.num_params:,} parameters{vectorized}{resumed}",
-          flush=True)
-    print(run.dispatch, flush=True)
-    if run.uncached:
-        print(f"note: attention {', '.join(run.uncached)} has supports_decode=False: every decoding step re-runs the "
-              "decoder over the whole prefix (no KV cache), so evaluation decodes several times slower", flush=True)
-
-
-def _cut_notes(task: Any, name: str) -> list[str]:
-    """One line per split whose examples the task's length limits cut (the model trains on, and is scored on,
-    the cut sequences; a translation's BLEU still compares with the full references)."""
-    notes = []
-    for split in ("train", "validation", "test"):
-        cut = {key: c for key, c in task.overlong(split).items() if c[0]}
-        if cut:
-            said = "; ".join(f"task.{key}={getattr(task, key)} cuts {n} of the first {seen} examples (the longest: "
-                             f"{longest} tokens)" for key, (n, seen, longest) in cut.items())
-            notes.append(f"note: task '{name}', {split} split: {said}; raise it to keep them whole")
-    return notes
-
-
-def _training_records(run: Run, stats: LoopStats, start: float) -> list[dict]:
-    """Per seed, what training measured: written to training.json (before the final test) by a process that trained
-    up to the last step; read back by one that only finishes the final test, because the process that trained was
-    stopped during it -- so results.json gets the original run's speed, not this process's (which trained nothing)."""
-    if run.start_step < stats.step:
-        record = results.training_record(run.num_params, stats.step, run.compilations(), time.time() - start,
-                                         speed(stats, stats.step - run.start_step), len(run.seeds))
-        if run.main:
-            for w in run.workdirs:
-                results.write_training(w, record)
-        return [record] * len(run.seeds)
-    return [results.recorded_training(w, run.num_params, stats.step, len(run.seeds)) for w in run.workdirs]
-
-
-def _finish(run: Run, i: int, step: int, test: dict[str, float], training: dict, tested_from: float) -> dict:
-    """Seed i's results: logged to its W&B run and written atomically to its results.json. A test line already in
-    metrics.jsonl (the process that trained was stopped after logging it) is not logged twice."""
-    workdir = run.workdirs[i]
-    gates = binary_gates(run.parallel.fetch(unstack(run.state, i)["params"]), run.config.heads.gates.target)
-    learned = run.learned_heads(i)  # per-head spans / alphas of kernels that learn their shape
-    extra = ({} if gates is None else results.gates_record(gates)) | ({"learned": learned} if learned else {})
-    extra["config_fingerprint"] = identity.fingerprint(run.configs[i].to_dict())  # see attn_lab.identity
-    if run.example:
-        extra["example"] = run.example[i]
-    record = results.results_record(workdir, test, training, time.time() - tested_from, run.configs[i].to_dict(),
-                                    extra)
-    if not results.test_logged(workdir, step):
-        run.loggers[i].log(step, {f"test/{k}": v for k, v in test.items()})
-    run.loggers[i].summary({"final/" + k: v for k, v in test.items()})
-    if run.main:
-        results.write_results(workdir, record)
-        _write_curves(workdir)
-    return record
-
-
-def _write_curves(workdir: str) -> None:
-    """curves.png beside results.json; a plot that fails is a note (the results are already written)."""
+def _continuations(run: Run) -> list[dict] | None:
+    """A language model's greedy continuations for the summary; one that fails is a note (the scores stand)."""
     try:
-        summary.write_curves(workdir)
-    except Exception as e:  # noqa: BLE001 (matplotlib fails in many ways; the run's numbers are safe either way)
-        print(f"note: {workdir}/{summary.CURVES_FILE} not written ({describe(e)})", flush=True)
+        return continuations(run)
+    except Exception as e:  # noqa: BLE001 (an example is a courtesy: the run's numbers are written either way)
+        print(f"note: no sampled continuation for the summary ({describe(e)})", flush=True)
+        return None

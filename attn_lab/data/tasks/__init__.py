@@ -104,6 +104,14 @@ class Task:
         source, reference = self._source(split), _REFERENCE[self.kind]
         return [reference(source[i]) for i in range(len(source))]
 
+    def prompt_ids(self, split: str, tokens: int) -> list[int] | None:
+        """The first ``tokens`` input ids (bos first) of ``split``'s first text of a language-model task -- what a
+        run's summary continues; None for other tasks and for sequences without text (MQAR's)."""
+        record = self._source(split)[0]
+        if self.kind != "lm" or "text" not in record:
+            return None
+        return pipeline.encode_lm(self.vocab, self.max_input_length)(record)["inputs"][:tokens]
+
     def source_text(self, split: str, index: int) -> str:
         """The untokenized source of a translation example (what a run's summary shows beside its output)."""
         return pipeline.as_text(self._source(split)[index]["source"])
