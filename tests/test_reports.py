@@ -468,7 +468,7 @@ def test_counted_axes_get_whole_number_ticks_and_error_bars_say_what_they_are(tm
     from attn_lab.analysis import plots
 
     figures = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig))
     plots.grid_plot(str(tmp_path / "g.png"), {"encoder_self": np.arange(15.0).reshape(3, 5)}, "importance")
     plots.line_plot(str(tmp_path / "l.png"), {"gates": ([2, 5, 7], [0.5, 0.6, 0.7])}, xlabel="heads kept",
                     ylabel="bleu", title="gates", spread={"gates": [(0.4, 0.6), (0.5, 0.7), (0.6, 0.8)]})

@@ -375,7 +375,8 @@ def registered_design(registered: Mapping[str, Any] | None, fallback: Design | N
 
 VERDICT_HEADER = ("finding", "paper (its metric)", "margin", f"ours: mean diff [{LEVEL:.0%} CI]", "sd: run (pilot)",
                   "collapsed seeds", "Holm p", "verdict")
-SHORT_RULE = (f"Interval: {INTERVAL} at {LEVEL:.0%} over seeds. Up/down: the interval beyond 0 and reaching the margin "
+SHORT_RULE = (f"Interval: {INTERVAL} at {LEVEL:.0%} over seeds (Clopper-Pearson on each seed's per-example counts "
+              "where every seed gives the same difference). Up/down: the interval beyond 0 and reaching the margin "
               "-> reproduced, beyond 0 short of it -> smaller than published; same: inside ± margin; not worse: above "
               f"-margin; otherwise inconclusive. Confirmatory findings (planned chance of a verdict >= {POWER:g}) "
               f"stand at Holm-adjusted p < {ALPHA:g}; the others are exploratory. The whole rule, collapsed seeds "
