@@ -381,17 +381,6 @@ SHORT_RULE = (f"Interval: {INTERVAL} at {LEVEL:.0%} over seeds (Clopper-Pearson 
               f"-margin; otherwise inconclusive. Confirmatory findings (planned chance of a verdict >= {POWER:g}) "
               f"stand at Holm-adjusted p < {ALPHA:g}; the others are exploratory. The whole rule, collapsed seeds "
               "and the interval's coverage: docs/sweeps.md#verdicts.")
-RULE = (f"Interval: {INTERVAL} at {LEVEL:.0%} over seeds (the paired t alone below 4 seeds; Clopper-Pearson on "
-        "each seed's per-example counts where every seed gives the same difference). Rule (attn_lab/reporting/"
-        "verdicts.py): up/down -- the interval above 0 and reaching the margin -> reproduced, above 0 but below the "
-        "margin -> smaller than published, below the margin and not above 0 -> not reproduced; same -- inside ± "
-        "margin -> reproduced, wholly outside -> not reproduced; not worse -- above -margin -> reproduced, wholly "
-        "below -> not reproduced; otherwise inconclusive. The family: the findings whose planned chance of a "
-        f"verdict (pilot effect, pilot sd's 80% upper limit) is >= {POWER:g}; a verdict there stands if its claim's "
-        f"Holm-adjusted one-sided p < {ALPHA:g}. Other findings are judged by the same table and marked "
-        "exploratory. Collapsed: a seed whose difference lies more than 4 planned sds (without a plan, 8 robust sds "
-        "of the other seeds) and 2 margins from the median; a 'same' / 'not worse' reproduction is withheld when a "
-        "run or pilot seed collapsed, and otherwise states the collapse rate its seeds exclude at 95%.")
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -439,8 +428,8 @@ def verdict_header(metric: str) -> tuple[str, ...]:
 
 
 def verdict_note(judged: Sequence[Judged], metric: str, notes: Sequence[str] = ()) -> str:
-    """The metric, the short rule (the whole one: docs/sweeps.md, :data:`RULE`), the family, the plan of every
-    finding, and the registration notes."""
+    """The metric, the short rule (the whole one and the interval's coverage: docs/sweeps.md#verdicts), the family,
+    the plan of every finding, and the registration notes."""
     family = [j for j in judged if j.plan["confirmatory"]]
     text = (f"Decided in {metric}: compared row minus baseline, paired by seed. {SHORT_RULE} Family: "
             f"{len(family)} finding{'s' * (len(family) != 1)}.")
