@@ -21,7 +21,8 @@ from test_logging_checkpoint import _assert_state_equal, _state
 from attn_lab import results as results_lib
 from attn_lab.checks import RunError
 from attn_lab.sweep.runner import PROGRESS, screen_lines
-from attn_lab.train import trainer
+from attn_lab.train import config as train_config
+from attn_lab.train import task_data, trainer
 from attn_lab.train.checkpoint import Checkpointer, CheckpointError, restore_common
 from attn_lab.train.trainer import Run, TaskError, train_and_evaluate
 from attn_lab.train.workdir import WorkdirBusy, WorkdirLock
@@ -161,7 +162,7 @@ def test_a_rerun_started_while_the_run_finishes_its_test_leaves_the_finished_run
     nothing -- no second results.json (no ``final_test_resumed`` rewrite), no W&B run, no metrics line."""
     workdir = _copy(finished, tmp_path)
     os.remove(os.path.join(workdir, "results.json"))  # the first process is in its final test
-    config, real_load, seen = finished["config"], trainer._load_task, {}
+    config, real_load, seen = finished["config"], trainer.load_run_task, {}
 
     def load_while_the_first_finishes(cfg):
         if not seen:
@@ -170,7 +171,7 @@ def test_a_rerun_started_while_the_run_finishes_its_test_leaves_the_finished_run
             seen["files"] = _snapshot(workdir)
         return real_load(cfg)
 
-    monkeypatch.setattr(trainer, "_load_task", load_while_the_first_finishes)
+    monkeypatch.setattr(trainer, "load_run_task", load_while_the_first_finishes)
     again = train_and_evaluate(config, workdir)
     assert again == json.load(open(os.path.join(workdir, "results.json"))) == json.loads(json.dumps(seen["first"]))
     after = _snapshot(workdir)  # the rerun took the lock and let it go (.lock emptied again): nothing else
@@ -316,15 +317,16 @@ def test_a_task_that_fails_to_load_leaves_no_workdir(tmp_path, data_dir, monkeyp
     def broken(*args):
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(trainer, "load_task", broken)
+    monkeypatch.setattr(task_data, "load_task", broken)
     with pytest.raises(TaskError, match=r"^task 'numbers': its data could not be loaded \(OSError: disk on fire\)$"):
         train_and_evaluate(tiny_numbers(data_dir), str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 
 
-def test_batch_size_is_checked_against_a_training_split_known_only_once_loaded(tmp_path, data_dir):
+def test_batch_size_is_checked_against_a_training_split_known_only_once_loaded(tmp_path, data_dir, monkeypatch):
     """Run checks the loaded split itself (for bible, sentiment without a limit and tfds: tasks validation cannot);
-    numbers with 240 training examples stands in, skipping validation."""
+    numbers with 240 training examples stands in, its validation's batch-size check skipped."""
+    monkeypatch.setattr(train_config, "_check_batch_size", lambda *args: None)
     config = tiny_numbers(data_dir, batch_size=256)
     with pytest.raises(TaskError, match=r"^train.batch_size=256 exceeds the training split of task 'numbers' \(240 "
                                         r"examples\); lower it$"):

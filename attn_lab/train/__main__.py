@@ -41,31 +41,33 @@ def main(argv: list[str]) -> int:
     """Checks every input, then trains (or reevaluates). jax and the model code are imported here, after the flags
     parsed, so that ``--help`` and a bad flag answer at once."""
     main_args(argv)
-    from attn_lab.train.config import check_parallel, check_workdirs, validate_config
+    from attn_lab.train.config import check_parallel, check_workdirs
     from attn_lab.train.parallel import initialize_distributed
+    from attn_lab.train.spec import resolve_run
     from attn_lab.train.trainer import reevaluate_seeds, train_seeds
 
     config = _CONFIG.value
     try:  # every check below writes nothing: a bad input stops here, in one line, before any file exists
         check_parallel(config)  # pure Python, so it can run before jax.distributed starts
         initialize_distributed(config.parallel)  # multi-host: before any other JAX work
-        notes = validate_config(config)  # every key, path and late option, before any data or compilation
-        seeds = _SEEDS.value if _SEEDS.value is not None else [config.seed]
-        for seed in seeds if _SEEDS.value is not None else ():  # config.seed is checked with the config
+        for seed in _SEEDS.value or ():  # config.seed is checked with the config
             check_seed(seed, "--seeds")
-        workdirs = seed_workdirs(_WORKDIR.value, seeds)
+        # validated once (every key, path and late option, before any data or compilation) and resolved: nothing
+        # below reads the raw config
+        spec = resolve_run(config, _SEEDS.value)
+        workdirs = seed_workdirs(_WORKDIR.value, spec.seeds)
         check_workdirs(workdirs)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    for note in notes:
+    for note in spec.notes:
         print(note, flush=True)
     try:
         if _REEVALUATE.value:
-            for path in reevaluate_seeds(config, workdirs, seeds):
+            for path in reevaluate_seeds(spec, workdirs):
                 print(f"wrote {path}")
             return 0
         finished = [results.finished_results(w) is not None for w in workdirs]  # said by the trainer, not printed again
-        all_results = train_seeds(config, workdirs, seeds, allow_unfinished=_ALLOW_UNFINISHED.value)
+        all_results = train_seeds(spec, workdirs, allow_unfinished=_ALLOW_UNFINISHED.value)
     except WorkdirBusy as e:  # another process trains there: a sweep tells this apart from a failure by the code
         print(f"error: {e}", file=sys.stderr)
         sys.exit(BUSY_EXIT)

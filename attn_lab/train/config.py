@@ -377,7 +377,14 @@ def validate_config(config: Any) -> list[str]:
     Never prepares data, compiles or writes a file. It builds one tiny instance of each attention kernel, so call it
     after ``jax.distributed`` starts (:func:`check_parallel` is the part that can run before). Returns the notes a
     run prints before it starts: options set for a kernel no attention kind uses (:func:`unused_kernel_options`).
+    A run validates through :func:`attn_lab.train.spec.resolve_run`, once per process.
     """
+    return validated(config)[0]
+
+
+def validated(config: Any) -> tuple[list[str], ResolvedTask, dict[str, Any]]:
+    """:func:`validate_config`'s checks; returns its notes, the resolved task and the kernel each attention kind
+    builds (what :class:`attn_lab.train.spec.RunSpec` keeps, so nothing is resolved twice)."""
     _check_finite(config)
     _check_scalars(config)
     check_parallel(config)
@@ -391,6 +398,7 @@ def validate_config(config: Any) -> list[str]:
     _check_wandb(config.wandb)
     _check_paths(config, task)
     unused = unused_kernel_options(config)
-    return [f"note: {', '.join(unused)} set, but no attention of this model uses that kernel (it has no effect; "
-            f"the kernels used: {', '.join(sorted({attention_spec(config.model, k)['name'] for k in kernels}))})"
-            ] if unused else []
+    notes = [f"note: {', '.join(unused)} set, but no attention of this model uses that kernel (it has no effect; "
+             f"the kernels used: {', '.join(sorted({attention_spec(config.model, k)['name'] for k in kernels}))})"
+             ] if unused else []
+    return notes, task, kernels

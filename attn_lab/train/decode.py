@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from attn_lab.models import supports_cached_decoding
 from attn_lab.models.transformer import BOS, EOS, Ctx
 from attn_lab.train.beam import beam_search, beam_search_uncached
 from attn_lab.train.seeds import seed_map
@@ -89,3 +90,19 @@ def compile_decode(graphdef: Any, max_len: int, cached: bool = True, num_seeds: 
         fn = functools.partial(beam_search if cached else beam_search_uncached, graphdef=graphdef, max_len=max_len,
                                beam_size=beam_size, length_penalty=length_penalty)
     return jax.jit(fn if num_seeds is None else seed_map(fn, num_seeds, (0, None)))
+
+
+def split_decoders(graphdef: Any, max_len: int, model: nnx.Module, num_seeds: int, ecfg: Any) -> dict[str, Any]:
+    """The jitted decoder per split of a generating model ({} otherwise): ``test`` decodes with
+    ``eval.beam_size``; ``validation`` gets its own program only when ``eval.validation_beam_size`` differs (greedy
+    validation keeps a beam-4 run's periodic evaluations at about a sixth of their decoding time, and reported test
+    numbers still come from the beam), else it shares the test decoder."""
+    if not model.GENERATES:
+        return {}
+    cached = supports_cached_decoding(model)
+
+    def decoder(beam_size: int) -> Any:
+        return compile_decode(graphdef, max_len, cached, num_seeds=num_seeds, beam_size=beam_size,
+                              length_penalty=ecfg.length_penalty)
+    test, validation = split_beam_size(ecfg, "test"), split_beam_size(ecfg, "validation")
+    return {"test": decoder(test)} | ({"validation": decoder(validation)} if validation != test else {})

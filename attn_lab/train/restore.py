@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax.numpy as jnp
 import ml_collections
@@ -157,4 +157,21 @@ def warm_start(path: str, states: list[dict], verbose: bool, kv_heads: str = "sa
         print(f"init_from {path}: {sum(p in source for p in params)} of {len(params)} parameter arrays loaded"
               + (f" ({len(pooled)} key/value arrays mean-pooled into groups)" if pooled else "")
               + (f"; new: {', '.join(new)}" if new else ""), flush=True)
+    return out
+
+
+def check_warm_starts(configs: Sequence[Any], shapes: dict) -> None:
+    """Each seed's ``train.init_from`` run checked once against this model's flat parameter ``shapes``."""
+    for source in dict.fromkeys(c.train.init_from for c in configs):
+        check_warm_start(source, shapes, configs[0].train.init_kv_heads)
+
+
+def warm_starts(configs: Sequence[Any], states: list[dict], verbose: bool) -> list[dict]:
+    """Each seed's state warm-started from its own ``train.init_from`` (one load per distinct source run)."""
+    out = list(states)
+    for source in dict.fromkeys(c.train.init_from for c in configs):
+        idx = [i for i, c in enumerate(configs) if c.train.init_from == source]
+        for i, state in zip(idx, warm_start(source, [states[i] for i in idx], verbose,
+                                            configs[idx[0]].train.init_kv_heads)):
+            out[i] = state
     return out

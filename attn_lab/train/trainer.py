@@ -17,12 +17,11 @@ import jax
 import numpy as np
 from flax import nnx, traverse_util
 
-from attn_lab import objectives, results
+from attn_lab import results
 from attn_lab.attention.dispatch import describe_dispatch
 from attn_lab.checks import RunError, describe
-from attn_lab.data import load_task
 from attn_lab.environment import environment
-from attn_lab.models import build_model, count_params, supports_cached_decoding
+from attn_lab.models import build_model, count_params
 from attn_lab.models.sites import decoding_attentions
 from attn_lab.train import identity
 from attn_lab.train import learned as learned_lib
@@ -30,22 +29,21 @@ from attn_lab.train import metrics as metrics_lib
 from attn_lab.train.announce import announce
 from attn_lab.train.capture import as_layers, capture_step, track_summary
 from attn_lab.train.checkpoint import Checkpointer, restore_common
-from attn_lab.train.config import validate_config
-from attn_lab.train.decode import compile_decode, split_beam_size
+from attn_lab.train.decode import split_decoders
 from attn_lab.train.finish import finish, training_records
 from attn_lab.train.logging import MetricLogger
 from attn_lab.train.loop import train_loop
-from attn_lab.train.parallel import DataParallel, main_process_first
-from attn_lab.train.restore import check_warm_start, warm_start
+from attn_lab.train.parallel import DataParallel
+from attn_lab.train.restore import check_warm_starts, warm_starts
 from attn_lab.train.sample import continuations
 from attn_lab.train.seeds import seed_map, stack, unstack
+from attn_lab.train.spec import RunSpec, as_spec
 from attn_lab.train.state import merge, model_state
 from attn_lab.train.steps import compile_steps, init_state, make_optimizer
-from attn_lab.train.workdir import SEED_FIELD, lock_workdirs
+from attn_lab.train.task_data import TaskError, load_run_task
+from attn_lab.train.workdir import lock_workdirs
 
-
-class TaskError(RunError):
-    """The task's data cannot be loaded, or its training split is smaller than one batch."""
+__all__ = ["Run", "RunSpec", "TaskError", "reevaluate_seeds", "train_and_evaluate", "train_seeds"]
 
 
 class FinishedMeanwhile(RunError):
@@ -60,20 +58,21 @@ class Run:
     metrics.jsonl, W&B run, checkpoints and results.json, exactly as a separate run writes them.
     """
 
-    def __init__(self, config: Any, workdirs: str | Sequence[str], seeds: Sequence[int] | None = None, *,
+    def __init__(self, spec: RunSpec | Any, workdirs: str | Sequence[str], seeds: Sequence[int] | None = None, *,
                  log: bool = True):
-        """``log=False``: no metrics.jsonl or W&B run is opened (a re-evaluation writes neither). With ``log``
+        """``spec``: a :class:`~attn_lab.train.spec.RunSpec` (a config is resolved into one for ``seeds``).
+        ``log=False``: no metrics.jsonl or W&B run is opened (a re-evaluation writes neither). With ``log``
         (training), each folder's identity is checked again once its lock is held: a run another process finished
         meanwhile raises :class:`FinishedMeanwhile` before anything is written."""
+        self.spec = spec = as_spec(spec, seeds)
         self.workdirs = [workdirs] if isinstance(workdirs, str) else list(workdirs)
-        self.seeds = [int(config.seed)] if seeds is None else list(seeds)
-        self.configs = [_with_seed(config, s, len(self.seeds)) for s in self.seeds]
-        self.config, self.main = config, jax.process_index() == 0
-        self.parallel = DataParallel(config.parallel.shard_params)
-        self.parallel.check_batch_size(config.train.batch_size)
-        self.task = _load_task(config)
-        if config.train.init_from and not any(identity.has_checkpoint(w) for w in self.workdirs):
-            self._check_warm_starts(config)
+        self.seeds, self.configs, self.config = list(spec.seeds), list(spec.per_seed), spec.config
+        self.main = jax.process_index() == 0
+        self.parallel = DataParallel(spec.config.parallel.shard_params)
+        self.parallel.check_batch_size(spec.config.train.batch_size)
+        self.task = load_run_task(spec.config)
+        if spec.config.train.init_from and not any(identity.has_checkpoint(w) for w in self.workdirs):
+            check_warm_starts(self.configs, self._shapes())
         # Folders are made (and locked) only once the data loaded and a warm start's shapes fit: a failure leaves
         # nothing behind. With several processes on one shared folder, process 0 holds the lock for all of them.
         self.locks = lock_workdirs(self.workdirs) if self.main else []
@@ -81,37 +80,36 @@ class Run:
         try:
             if log and self.main:
                 _check_identities(self.workdirs, self.configs, under_lock=True)
-            self._build(config, log)
+            self._build(spec, log)
         except BaseException:
             self.close()
             raise
 
-    def _model(self, config: Any, seed: int) -> nnx.Module:
+    def _model(self, seed: int) -> nnx.Module:
+        config = self.config
         max_len = max(self.task.max_input_length, self.task.max_target_length or 0) + 1
         return build_model(config.model, kind=self.task.kind, vocab_size=self.task.vocab.size, max_len=max_len,
                            num_classes=self.task.num_classes, seed=seed, gates=config.heads.gates)
 
-    def _check_warm_starts(self, config: Any) -> None:
-        """Each ``train.init_from`` run's parameter shapes against this model's (built abstractly: nothing is
-        computed or written), so a source of another size is one line before the folder exists."""
-        abstract = nnx.eval_shape(lambda: self._model(config, 0))
-        shapes = {p: v.shape for p, v in traverse_util.flatten_dict(
+    def _shapes(self) -> dict[tuple, tuple]:
+        """This model's flat parameter shapes, built abstractly (nothing is computed or written), so a warm-start
+        source of another size is one line before the folder exists."""
+        abstract = nnx.eval_shape(lambda: self._model(0))
+        return {p: v.shape for p, v in traverse_util.flatten_dict(
             nnx.to_pure_dict(nnx.state(abstract, nnx.Param))).items()}
-        for source in dict.fromkeys(c.train.init_from for c in self.configs):
-            check_warm_start(source, shapes, config.train.init_kv_heads)
 
-    def _build(self, config: Any, log: bool) -> None:
+    def _build(self, spec: RunSpec, log: bool) -> None:
         """Models, compiled steps, the restored (or initialized) state and the loggers."""
-        models = [self._model(config, s) for s in self.seeds]
+        config, models = spec.config, [self._model(s) for s in self.seeds]
         self.num_params = count_params(models[0])
         self.learns_shape = bool(learned_lib.per_head(models[0]))  # some kernel learns spans / alphas
         self.dispatch = describe_dispatch(models[0])  # which implementation each attention kind gets, for the log
         self.graphdef = nnx.split(models[0], nnx.Param, ...)[0]
         tx, n = make_optimizer(config.train, config.heads.gates), len(self.seeds)
         self.train_step, self.eval_step = compile_steps(self.graphdef, tx, config.train.label_smoothing, num_seeds=n,
-                                                        objectives=objectives.configured(config),
+                                                        objectives=spec.objectives,
                                                         num_steps=config.train.num_steps)
-        self.decoders = _decoders(self.graphdef, self.task.max_target_length, models[0], n, config.eval)
+        self.decoders = split_decoders(self.graphdef, self.task.max_target_length, models[0], n, config.eval)
         self.example: list[dict] | None = None  # per seed, the test split's first example decoded (evaluate)
         self.uncached = sorted({a.kernel.name for a in decoding_attentions(models[0]) if not a.kernel.supports_decode}
                                ) if models[0].GENERATES else []  # kernels that make generation re-run the prefix
@@ -122,7 +120,7 @@ class Run:
         self.ckpts = [Checkpointer(os.path.join(w, "checkpoints")) for w in self.workdirs]
         states, self.start_step = restore_common(self.ckpts, states, self.main)
         if config.train.init_from and not self.start_step:
-            states = _warm_starts(self.configs, states, self.main)
+            states = warm_starts(self.configs, states, self.main)
         self.state = self.parallel.state(stack(states))  # replicated (or FSDP-sharded) over the devices
         self.environment = environment()  # versions, devices and commit: in results.json and the W&B config
         self.loggers = [MetricLogger(w, c.to_dict() | {"environment": self.environment}, mode=c.wandb.mode,
@@ -218,56 +216,6 @@ class Run:
                 lock.release()
 
 
-def _decoders(graphdef: Any, max_len: int, model: nnx.Module, num_seeds: int, ecfg: Any) -> dict[str, Any]:
-    """The jitted decoder per split of a generating model ({} otherwise): ``test`` decodes with
-    ``eval.beam_size``; ``validation`` gets its own program only when ``eval.validation_beam_size`` differs (greedy
-    validation keeps a beam-4 run's periodic evaluations at about a sixth of their decoding time, and reported test
-    numbers still come from the beam), else it shares the test decoder."""
-    if not model.GENERATES:
-        return {}
-    cached = supports_cached_decoding(model)
-
-    def decoder(beam_size: int) -> Any:
-        return compile_decode(graphdef, max_len, cached, num_seeds=num_seeds, beam_size=beam_size,
-                              length_penalty=ecfg.length_penalty)
-    test, validation = split_beam_size(ecfg, "test"), split_beam_size(ecfg, "validation")
-    return {"test": decoder(test)} | ({"validation": decoder(validation)} if validation != test else {})
-
-
-def _load_task(config: Any) -> Any:
-    """The task's data (prepared the first time), checked against the batch size -- for tasks whose training split
-    is only known once loaded (bible, sentiment without a limit, tfds:) -- or a one-line :class:`TaskError`."""
-    name = config.task.name
-    try:
-        task = main_process_first(lambda: load_task(config.task, config.task.data_dir), "attn_lab_data")
-    except ValueError as e:  # the data modules' own one-line errors (offline, no such dataset, ...)
-        raise TaskError(str(e)) from e
-    except Exception as e:  # noqa: BLE001 (preparation fails in many ways: network, disk, a bad source)
-        raise TaskError(f"task '{name}': its data could not be loaded ({describe(e)})") from e
-    batch, examples = config.train.batch_size, task.num_examples("train")
-    if batch > examples:
-        raise TaskError(f"train.batch_size={batch} exceeds the training split of task '{name}' ({examples} "
-                        "examples); lower it")
-    _check_targets(task)
-    return task
-
-
-CUT_REFUSED = 0.95  # share of cut training targets at which a generation task cannot learn where to stop
-
-
-def _check_targets(task: Any) -> None:
-    """A generation (translation) task whose target limit cuts all or nearly all (>= :data:`CUT_REFUSED`) of its
-    training targets is refused in one line: trained on cut targets it never sees an end, so no output can be
-    right. A smaller share stays a note at the run's start (:func:`attn_lab.train.announce.cut_notes`)."""
-    if task.kind != "translation":
-        return
-    cut, seen, longest = task.overlong("train").get("max_target_length", (0, 0, 0))
-    if seen and cut >= CUT_REFUSED * seen:
-        raise TaskError(f"task.max_target_length={task.max_target_length} cuts {cut} of the first {seen} training "
-                        f"targets (the longest: {longest} tokens, end of sequence included), so the model could never "
-                        f"produce a whole output; raise it to {longest} or more")
-
-
 def use_compile_cache(path: str | None) -> None:
     """Turns on JAX's persistent compilation cache in ``path`` ('' or None: leave it off), so a repeated sweep trial
     (same model, same shapes) loads its compiled steps from disk instead of compiling them again. JAX fixes the
@@ -277,34 +225,13 @@ def use_compile_cache(path: str | None) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)  # skip trivial programs
 
 
-def _warm_starts(configs: Sequence[Any], states: list[dict], verbose: bool) -> list[dict]:
-    """Each seed's state warm-started from its own ``train.init_from`` (one load per distinct source run)."""
-    out = list(states)
-    for source in dict.fromkeys(c.train.init_from for c in configs):
-        idx = [i for i, c in enumerate(configs) if c.train.init_from == source]
-        for i, state in zip(idx, warm_start(source, [states[i] for i in idx], verbose,
-                                            configs[idx[0]].train.init_kv_heads)):
-            out[i] = state
-    return out
-
-
-def _with_seed(config: Any, seed: int, num_seeds: int) -> Any:
-    """A copy of ``config`` for one seed (a W&B display name gets a ``-seed<N>`` suffix when seeds share it)."""
-    c = config.copy_and_resolve_references()
-    c.seed = seed
-    if c.train.init_from and SEED_FIELD in c.train.init_from:  # each seed from its own run (a sweep's uptraining)
-        c.train.init_from = c.train.init_from.replace(SEED_FIELD, str(seed))
-    if c.wandb.name and num_seeds > 1:
-        c.wandb.name = f"{c.wandb.name}-seed{seed}"
-    return c
-
-
-def train_and_evaluate(config: Any, workdir: str, *, stop_after: int | None = None,
+def train_and_evaluate(config: RunSpec | Any, workdir: str, *, stop_after: int | None = None,
                        allow_unfinished: bool = False) -> dict:
     """Trains ``config`` in ``workdir`` (resuming from its last checkpoint) and writes results.json.
 
     Args:
-      config: a ConfigDict shaped like :func:`attn_lab.train.config.base_config`.
+      config: a :class:`RunSpec` of one seed, or a ConfigDict shaped like
+        :func:`attn_lab.train.config.base_config` (resolved here, for ``config.seed``).
       workdir: run folder; created if missing.
       stop_after: stop (with a checkpoint) after this step, as an interruption would; for resume tests.
       allow_unfinished: ``train.init_from`` may name a run that has not finished (see :func:`train_seeds`).
@@ -313,25 +240,25 @@ def train_and_evaluate(config: Any, workdir: str, *, stop_after: int | None = No
       The results dict (also in ``workdir/results.json`` when training reached ``num_steps``); for a run that had
       already finished, its results.json, untouched.
     """
-    return train_seeds(config, [workdir], [int(config.seed)], stop_after=stop_after,
-                       allow_unfinished=allow_unfinished)[0]
+    return train_seeds(config, [workdir], stop_after=stop_after, allow_unfinished=allow_unfinished)[0]
 
 
-def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *, stop_after: int | None = None,
-                allow_unfinished: bool = False) -> list[dict]:
-    """Trains ``config`` once per seed, all seeds in one vmapped program; seed i writes into ``workdirs[i]``.
+def train_seeds(config: RunSpec | Any, workdirs: Sequence[str], seeds: Sequence[int] | None = None, *,
+                stop_after: int | None = None, allow_unfinished: bool = False) -> list[dict]:
+    """Trains the run once per seed, all seeds in one vmapped program; seed i writes into ``workdirs[i]``.
 
-    Each folder ends up as a separate run with that seed would leave it (metrics.jsonl, W&B run, checkpoints,
-    results.json); results also record ``seeds_vectorized``, the number of seeds that shared the program. A folder
-    whose run already finished (it has results.json) is left untouched -- no file written, no W&B run started -- and
-    its results.json is returned: what a finished run wrote is never rewritten by a rerun. A folder trained with
-    another config (:mod:`attn_lab.train.identity`) stops the run in one line. ``train.init_from`` must name a finished
-    run unless ``allow_unfinished`` (then its newest checkpoint is used, and named).
+    ``config``: a :class:`RunSpec` (as the command resolves it, once) or a ConfigDict, resolved here for ``seeds``
+    (default ``config.seed``). Each folder ends up as a separate run with that seed would leave it (metrics.jsonl,
+    W&B run, checkpoints, results.json); results also record ``seeds_vectorized``, the number of seeds that shared
+    the program. A folder whose run already finished (it has results.json) is left untouched -- no file written, no
+    W&B run started -- and its results.json is returned: what a finished run wrote is never rewritten by a rerun. A
+    folder trained with another config (:mod:`attn_lab.train.identity`) stops the run in one line.
+    ``train.init_from`` must name a finished run unless ``allow_unfinished`` (then its newest checkpoint is used,
+    and named).
     """
-    validate_config(config)
-    configs = [_with_seed(config, s, len(seeds)) for s in seeds]
+    spec = as_spec(config, seeds)
     while True:
-        done = _check_identities(workdirs, configs)
+        done = _check_identities(workdirs, spec.per_seed)
         for workdir, record in zip(workdirs, done):
             if record is not None and jax.process_index() == 0:
                 print(f"{workdir}: finished at step {results.steps(record)} ({results.RESULTS_FILE}); nothing to do",
@@ -339,11 +266,11 @@ def train_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int], *, s
         todo = [i for i, record in enumerate(done) if record is None]
         if not todo:
             return done
-        if config.train.init_from and not any(identity.has_checkpoint(workdirs[i]) for i in todo):
-            for source in dict.fromkeys(configs[i].train.init_from for i in todo):  # per seed with a {seed} template
+        if spec.config.train.init_from and not any(identity.has_checkpoint(workdirs[i]) for i in todo):
+            for source in dict.fromkeys(spec.per_seed[i].train.init_from for i in todo):  # per seed with {seed}
                 identity.check_finished(source, f"train.init_from='{source}'", allow_unfinished)
         try:
-            trained = _train(config, [workdirs[i] for i in todo], [seeds[i] for i in todo], stop_after)
+            trained = _train(spec.only(todo), [workdirs[i] for i in todo], stop_after)
         except FinishedMeanwhile:  # another process finished one of them while this one loaded: check again
             continue
         for i, record in zip(todo, trained):
@@ -362,7 +289,7 @@ def _check_identities(workdirs: Sequence[str], configs: Sequence[Any], under_loc
     return done
 
 
-def reevaluate_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int]) -> list[str]:
+def reevaluate_seeds(config: RunSpec | Any, workdirs: Sequence[str], seeds: Sequence[int] | None = None) -> list[str]:
     """Evaluates each run's newest intact checkpoint again (validation and test, with this config's evaluation
     settings) into ``results.reeval-<time>.json`` beside its results.json; writes nothing else -- no metrics.jsonl
     line, no W&B run, no results.json. Returns the files written.
@@ -370,12 +297,12 @@ def reevaluate_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int])
     Raises:
       RunError: a folder has no checkpoint.
     """
-    validate_config(config)
+    spec = as_spec(config, seeds)
     for w in workdirs:
         if not os.path.isdir(os.path.join(w, "checkpoints")):
             raise RunError(f"{w} has no checkpoints to re-evaluate")
-    use_compile_cache(config.get("compile_cache"))
-    run = Run(config, workdirs, seeds, log=False)
+    use_compile_cache(spec.config.get("compile_cache"))
+    run = Run(spec, workdirs, log=False)
     try:
         if not run.start_step:
             raise RunError(f"{run.workdirs[0]}/checkpoints holds no checkpoint to re-evaluate")
@@ -391,15 +318,15 @@ def reevaluate_seeds(config: Any, workdirs: Sequence[str], seeds: Sequence[int])
         run.close()
 
 
-def _train(config: Any, workdirs: list[str], seeds: list[int], stop_after: int | None) -> list[dict]:
+def _train(spec: RunSpec, workdirs: list[str], stop_after: int | None) -> list[dict]:
     """:func:`train_seeds` for folders whose run has not finished."""
-    use_compile_cache(config.get("compile_cache"))
+    use_compile_cache(spec.config.get("compile_cache"))
     start = time.time()
-    run = Run(config, workdirs, seeds)
+    run = Run(spec, workdirs)
     try:
         announce(run)
         stats = train_loop(run, stop_after)
-        if stats.step < config.train.num_steps:
+        if stats.step < spec.config.train.num_steps:
             return [{"step": stats.step, "finished": False} for _ in run.seeds]
         trainings, tested_from = training_records(run, stats, start), time.time()
         tests = run.evaluate("test")
