@@ -1,0 +1,44 @@
+"""scripts/resolve_presets.py, the identity check of a refactor: it resolves every config and trial preset the way
+their runs do, and ``--compare`` tells a change of value from a change of what a run is (the identity rule)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from attn_lab.train.config import SECTIONS
+from attn_lab.train.identity import flat
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "resolve_presets.py")
+DEFAULT_WEIGHT_DECAY = SECTIONS["train"]["weight_decay"][0]
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+def test_every_preset_resolves_and_a_changed_key_is_found_by_value_and_by_identity(tmp_path):
+    out = tmp_path / "now.json"
+    proc = _run("--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    resolved = json.loads(out.read_text())
+    names = list(resolved)
+    assert any(n.startswith("configs/numbers.py:quick") for n in names)
+    assert any(n.startswith("experiments/head_count.py:quick/") for n in names)  # trials, one per seed
+    assert all(isinstance(c["model"]["num_heads"], int) for c in resolved.values())
+
+    same = _run("--out", str(tmp_path / "again.json"), "--compare", str(out))
+    assert same.returncode == 0 and f"{len(names)} resolved configs in both" in same.stdout
+    assert "0 differ in some value, 0 under the identity rule" in same.stdout
+
+    before = json.loads(out.read_text())  # "before": one trial trained another head count, one lacked a key
+    first = names[0]
+    second = next(n for n in names[1:] if flat(resolved[n])["train.weight_decay"] == DEFAULT_WEIGHT_DECAY)
+    before[first]["model"]["num_heads"] += 1
+    del before[second]["train"]["weight_decay"]  # absent: compares at today's default, the value it has
+    (tmp_path / "before.json").write_text(json.dumps(before))
+    changed = _run("--out", str(tmp_path / "after.json"), "--compare", str(tmp_path / "before.json"))
+    assert changed.returncode == 1
+    assert "2 differ in some value, 1 under the identity rule" in changed.stdout
+    assert f"identity: {first}: model.num_heads:" in changed.stdout
