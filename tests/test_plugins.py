@@ -119,3 +119,29 @@ def test_a_plugin_file_s_kernel_objective_and_analysis_run_from_the_command_line
     assert shapes.returncode == 0, shapes.stderr[-2000:]
     written = json.load(open(os.path.join(workdir, "analysis", "plugin_analysis.json")))
     assert written == {"encoder_self": [1, 4], "decoder_self": [1, 4], "cross": [1, 4]}
+
+
+@pytest.mark.slow
+def test_a_sweep_finished_before_a_plugin_was_written_skips_its_trials_with_the_plugin_loaded(plugin_file, tmp_path):
+    """The lab grows under a finished sweep: a plugin registering a kernel, model kind, objective, task and analysis
+    (new config keys in every trial's config) leaves each finished trial the same run, so the rerun skips them all."""
+    exp = tmp_path / "exp.py"
+    exp.write_text(textwrap.dedent(f"""
+        def get_experiment(preset="quick"):
+            return {{"name": "grow", "config": {os.path.join(ROOT, "configs", "numbers.py:quick")!r},
+                     "variants": {{"two": {{"model.num_heads": 2}}}}, "seeds": [0, 1], "overrides": {{
+                         "task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
+                         "train.num_steps": 4, "train.batch_size": 16, "train.log_every": 2, "train.eval_every": 4,
+                         "train.checkpoint_every": 4, "train.max_eval_batches": 1, "wandb.mode": "disabled"}}}}
+    """))
+    cmd = [sys.executable, "-m", "attn_lab.sweep", "--experiment", str(exp), "--workdir", str(tmp_path / "runs"),
+           f"--config.task.data_dir={tmp_path / 'data'}", "--config.compile_cache="]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env())
+    assert first.returncode == 0, first.stderr[-2000:]
+    grown = subprocess.run([*cmd, f"--plugins={plugin_file}"], capture_output=True, text=True, timeout=600,
+                           env=_env())
+    assert grown.returncode == 0, grown.stderr[-2000:]
+    assert "variant=two,seed=0: skipped" in grown.stdout and "variant=two,seed=1: skipped" in grown.stdout
+    changed = subprocess.run([*cmd, f"--plugins={plugin_file}", "--config.model.mlp_dim=32"], capture_output=True,
+                             text=True, timeout=600, env=_env())
+    assert changed.returncode != 0 and "model.mlp_dim" in changed.stderr.strip().splitlines()[-1]
