@@ -90,7 +90,30 @@ def test_choose_auto_and_explicit():
     assert "\n" not in str(info.value) and "'auto'" in str(info.value) and "'xla'" in str(info.value)
 
 
-def test_kernels_dispatch_on_gpu_facts():
+@pytest.fixture
+def fused_by_default(monkeypatch):
+    """'auto' as it will dispatch once the fused kernel passed its GPU check (dispatch.FUSED_BY_DEFAULT)."""
+    from attn_lab.attention import dispatch
+
+    monkeypatch.setattr(dispatch, "FUSED_BY_DEFAULT", True)
+
+
+def test_auto_keeps_the_xla_paths_on_a_gpu_until_the_fused_kernel_passed_a_gpu_check():
+    """The fused kernels have not run on a GPU yet: 'auto' never picks them; 'fused' opts in."""
+    causal = dict(backend="gpu", dtype=BF16, is_causal=True, q_len=16, kv_len=16)
+    local = _kernel({"name": "local", "window": 4})
+    assert local.dispatch(mask="key_padding", **causal) == "blockwise"
+    assert local.dispatch(mask="none", **causal) == "cudnn"  # cuDNN's causal window: tested on GPUs before
+    assert _kernel({"name": "local", "window": 4, "implementation": "fused_interpret"}).dispatch(
+        mask="key_padding", **causal) == "fused_interpret"
+    for name in ("strided", "longformer", "bigbird"):
+        assert _kernel(name).dispatch(mask="key_padding", **causal) == "xla"
+    opts = dict(fallback="xla", needs_matrix=False, allowed=("auto", "xla", "fused", "fused_interpret"))
+    assert choose_fused("auto", backend="gpu", **opts) == "xla"
+    assert choose_fused("fused", backend="gpu", **opts) == "fused"
+
+
+def test_kernels_dispatch_on_gpu_facts(fused_by_default):
     dense, local = _kernel("dense"), _kernel({"name": "local", "window": 4})
     causal = dict(backend="gpu", dtype=BF16, is_causal=True, q_len=16, kv_len=16)
     assert dense.dispatch(mask="none", **causal) == "cudnn"
@@ -112,7 +135,7 @@ def test_kernels_dispatch_on_gpu_facts():
         assert sparse.dispatch(mask="none", needs_matrix=True, **causal) == "explicit"
 
 
-def test_choose_fused_table():
+def test_choose_fused_table(fused_by_default):
     allowed = ("auto", "xla", "fused", "fused_interpret")
     opts = dict(fallback="xla", needs_matrix=False, allowed=allowed)
     assert fused_refusal("gpu") is None and "backend rocm" in fused_refusal("rocm")
@@ -306,11 +329,15 @@ def test_describe_dispatch_is_one_line_per_model():
     local = _model(dtype="bfloat16", kinds={"encoder_self": {"attention": "local"},
                                             "decoder_self": {"attention": "local"}})
     assert describe_dispatch(local, backend="gpu") == (
-        "attention: encoder_self=local/fused, decoder_self=local/cudnn, cross=dense/cudnn (backend gpu)")
+        "attention: encoder_self=local/blockwise, decoder_self=local/cudnn, cross=dense/cudnn (backend gpu)")
     assert describe_dispatch(local) == (
         "attention: encoder_self=local/blockwise, decoder_self=local/blockwise, cross=dense/xla (backend cpu)")
     bigbird = _model(kinds={"encoder_self": {"attention": "bigbird"}})
-    assert describe_dispatch(bigbird, backend="gpu").startswith("attention: encoder_self=bigbird/fused, ")
+    assert describe_dispatch(bigbird, backend="gpu").startswith("attention: encoder_self=bigbird/xla, ")
     assert describe_dispatch(bigbird).startswith("attention: encoder_self=bigbird/xla, ")
+    fused = _model(dtype="bfloat16", kinds={"encoder_self": {"attention": "local"}})
+    fused.encoder.blocks[0].self_attn.kernel.implementation = "fused_interpret"  # the line names tile and why
+    assert describe_dispatch(fused).startswith("attention: encoder_self=local/fused_interpret[tile 64, head dim 16 "
+                                               "bfloat16: 2 stages each, within 227 KiB], ")
     dropout = describe_dispatch(_model("classification", attention_dropout=0.1))
     assert dropout == "attention: encoder_self=dense/explicit(train)+xla(eval) (backend cpu)"

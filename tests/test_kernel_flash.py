@@ -322,3 +322,99 @@ def test_compiled_fused_kernel_on_a_gpu_matches_naive_attention(name, options):
         _close(fused(q, k, v), ref(q, k, v), 3e-2)
         for got, want in zip(_grads(fused, q, k, v), _grads(ref, q, k, v)):
             _close(got, want, 1e-1)
+
+
+# --- the backward of fully padded rows, full tiles, CSR lists, the compile check -------------------------------------
+
+def test_a_query_whose_keys_are_all_padding_gets_the_gradient_of_its_average():
+    """Query 20 sees keys 18..22, all padding: its output is their mean, so with a cotangent of ones on that row
+    alone dV of each of those keys is 1/5 of it (written out below) and nothing else moves. Saved as one logsumexp
+    ``NEG + log 5`` the backward read p = 1 (float32 rounds the sum to NEG) and gave dV = 1; the row max and sum
+    are saved apart now. With a full cotangent every gradient matches naive attention."""
+    t = 40
+    bm = create_block_mask(lambda q, k: np.abs(q - k) <= 2, t, 16)
+    q, k, v = split_qkv(1, t, t, 1, 1, 8)
+    valid = jnp.ones((1, t), bool).at[0, 18:23].set(False)
+    fused = lambda *x: block_sparse_flash(*x, bm, key_valid=valid, interpret=True)  # noqa: E731
+    row = jnp.zeros(q.shape, jnp.float32).at[0, 20].set(1.0)
+    dv = jax.grad(lambda v: (fused(q, k, v) * row).sum())(v)
+    _close(dv, jnp.zeros(v.shape).at[0, 18:23].set(0.2), 1e-6)
+    ones = lambda fn: jax.grad(lambda *x: fn(*x).sum(), argnums=(0, 1, 2))(q, k, v)  # noqa: E731
+    for got, want in zip(ones(fused), ones(lambda *x: naive(*x, jnp.asarray(bm.dense()), valid))):
+        _close(got, want, 1e-5)
+
+
+def test_full_tiles_skip_their_token_mask(monkeypatch):
+    """A full tile's token mask is never read: with those masks zeroed (which would exclude every key) the outputs
+    and gradients are still naive attention's, so the kernel takes the full/partial flag, not the mask."""
+    import attn_lab.attention.flash as flash
+
+    t = 100
+    bm = create_block_mask(lambda q, k: np.abs(q - k) <= 40, t, 16)
+    full = bm.tiles.all(axis=(1, 2))
+    assert full.any() and not full.all()  # both kinds of tile are exercised
+    real = flash._mask_arrays
+
+    def zeroed_full_masks(mask):
+        kv, qs, (flags, tokens) = real(mask)
+        rows = np.repeat(mask.tiles.all(axis=(1, 2)), mask.block_size)  # (U * bs,): the full tiles' rows
+        return kv, qs, (flags, jnp.where(rows[:, None], jnp.int8(0), tokens))
+    monkeypatch.setattr(flash, "_mask_arrays", zeroed_full_masks)
+    q, k, v = split_qkv(1, t, t, 2, 1, 16)
+    allowed = jnp.asarray(bm.dense())
+    fused = lambda *x: flash.block_sparse_flash(*x, bm, interpret=True)  # noqa: E731
+    _close(fused(q, k, v), naive(q, k, v, allowed), 1e-5)
+    for got, want in zip(_grads(fused, q, k, v), _grads(lambda *x: naive(*x, allowed), q, k, v)):
+        _close(got, want, 1e-5)
+
+
+def test_csr_lists_hold_the_padded_lists_in_o_of_active_tiles():
+    """BigBird at 64K tokens (its global blocks see every block): the padded ``[nb, max]`` lists are O(blocks^2),
+    the CSR lists the kernel embeds are O(active tiles); they hold the same blocks in the same order."""
+    kernel = KERNELS["bigbird"](num_heads=1, num_kv_heads=1, head_dim=64)
+    mask = kernel.block_mask(65536, False)
+    padded = sum(a.nbytes for a in (mask.kv_indices, mask.kv_tiles, mask.q_indices, mask.q_tiles))
+    ragged = sum(a.nbytes for side in ("kv", "q") for a in mask.ragged(side))
+    assert padded > 8 * 2 ** 20 and ragged < 2 ** 20, (padded, ragged)
+    for side, (indices, counts, tile_ids) in (("kv", (mask.kv_indices, mask.kv_counts, mask.kv_tiles)),
+                                               ("q", (mask.q_indices, mask.q_counts, mask.q_tiles))):
+        offsets, blocks, tiles = mask.ragged(side)
+        assert offsets[-1] == counts.sum() == mask.active
+        for row in (0, 1, mask.num_blocks // 2, mask.num_blocks - 1):
+            np.testing.assert_array_equal(blocks[offsets[row]:offsets[row + 1]], indices[row, :counts[row]])
+            np.testing.assert_array_equal(tiles[offsets[row]:offsets[row + 1]], tile_ids[row, :counts[row]])
+
+
+@pytest.mark.default_precision
+def test_float32_at_the_default_matmul_precision_and_at_highest():
+    """Training runs float32 at the default precision (TF32 tensor cores on a GPU; Pallas maps 'highest' to IEEE
+    float32 without them): the fused kernel there matches naive attention computed at 'highest' within a float32
+    tolerance of TF32's 10-bit mantissa, and at 'highest' to float32 rounding."""
+    t = 90
+    bm = create_block_mask(lambda q, k: np.abs(q - k) <= 30, t, 32)
+    q, k, v = split_qkv(2, t, t, 4, 2, 32)
+    allowed = jnp.asarray(bm.dense())
+    with jax.default_matmul_precision("highest"):
+        want = naive(q, k, v, allowed)
+        want_grads = _grads(lambda *x: naive(*x, allowed), q, k, v)
+        exact = block_sparse_flash(q, k, v, bm, interpret=True)
+        _close(exact, want, 1e-5)
+    fused = lambda *x: block_sparse_flash(*x, bm, interpret=True)  # noqa: E731
+    tol = 1e-5 if jax.default_backend() == "cpu" else 1e-2  # TF32: ~1e-3 relative per product
+    _close(fused(q, k, v), want, tol)
+    for got, ref in zip(_grads(fused, q, k, v), want_grads):
+        _close(got, ref, 10 * tol)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the compile of the Triton kernels succeeds on a GPU")
+def test_a_fused_compile_failure_is_one_line_naming_tile_head_dim_and_dtype():
+    """On a CPU the compiled (not interpreted) kernels cannot compile: a real failure, turned by the first-use
+    check into one line naming the launch configuration."""
+    import attn_lab.attention.flash as flash
+
+    flash.check_compiles.cache_clear()
+    with pytest.raises(ValueError) as info:
+        flash.check_compiles(32, 64, 4, 2, "bfloat16", True)
+    text = str(info.value)
+    assert text.startswith("fused kernel: tile 32, head dim 64, bfloat16 failed to compile (") and "\n" not in text
+    assert text.endswith("set implementation to the XLA path (e.g. 'blockwise') or another fused_block_size")

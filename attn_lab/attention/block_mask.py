@@ -80,6 +80,17 @@ class BlockMask:
         """Fraction of the ``nb x nb`` tiles that are active."""
         return self.active / self.num_blocks ** 2
 
+    def ragged(self, side: str = "kv") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The lists of ``side`` ('kv': per query block its key blocks; 'q': per key block its query blocks) in
+        CSR form -- ``offsets [nb + 1]``, ``blocks [active]``, ``tile ids [active]`` (int32) -- what the fused kernel
+        embeds in its program: O(active tiles), where the padded ``[nb, max]`` lists are O(blocks^2) for a pattern
+        with global blocks (BigBird at 64K tokens: 16 MiB padded, tests/test_kernel_flash.py)."""
+        indices, counts, tile_ids = ((self.kv_indices, self.kv_counts, self.kv_tiles) if side == "kv"
+                                     else (self.q_indices, self.q_counts, self.q_tiles))
+        used = np.arange(indices.shape[1])[None, :] < counts[:, None]  # (nb, max): the real entries, row-major
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        return offsets, indices[used].astype(np.int32), tile_ids[used].astype(np.int32)
+
     def dense(self) -> np.ndarray:
         """The ``[T, T]`` pattern the block mask encodes (O(T^2): for tests and analysis)."""
         nb, bs = self.num_blocks, self.block_size

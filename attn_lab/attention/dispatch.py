@@ -39,6 +39,7 @@ import numpy as np
 from flax import nnx
 
 from attn_lab.attention.module import MultiHeadAttention
+from attn_lab.attention.tiles import fused_plan
 
 CUDNN_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 MASK_KINDS = ("none", "key_padding", "general")
@@ -111,6 +112,11 @@ def choose(implementation: str, *, fallback: str, needs_matrix: bool, refusal: s
 
 
 FUSED = ("fused", "fused_interpret")  # the block-sparse Pallas kernel: compiled (CUDA GPU) or interpreted (any)
+# Whether 'auto' sends a CUDA GPU to the fused kernel. False until the device check (scripts/fused_check.py, run by
+# scripts/device_check.sh) has compiled and timed it on a GPU and its figures are in docs/gpu_h200.md: a path
+# becomes a default only after it ran where it runs. Until then 'auto' keeps the tested XLA path and
+# implementation='fused' opts in.
+FUSED_BY_DEFAULT = False
 
 
 def fused_refusal(backend: str) -> str | None:
@@ -124,8 +130,9 @@ def choose_fused(implementation: str, *, fallback: str, needs_matrix: bool, back
                  allowed: tuple[str, ...]) -> str:
     """The path of a kernel with a fused Pallas path: 'explicit', 'fused', 'fused_interpret' or ``fallback``.
 
-    'auto' takes 'fused' on a CUDA GPU and ``fallback`` elsewhere; an explicit 'fused' where it cannot compile
-    raises one line (never a silent fallback); 'fused_interpret' runs the same kernel as jax operations anywhere.
+    'auto' takes ``fallback`` (and 'fused' on a CUDA GPU only once :data:`FUSED_BY_DEFAULT` is set); an explicit
+    'fused' where it cannot compile raises one line (never a silent fallback); 'fused_interpret' runs the same
+    kernel as jax operations anywhere.
     """
     if needs_matrix:
         return "explicit"
@@ -133,10 +140,10 @@ def choose_fused(implementation: str, *, fallback: str, needs_matrix: bool, back
     if implementation == "fused" and refusal is not None:
         others = ", ".join(repr(a) for a in allowed if a != "fused")
         raise ValueError(f"attention.implementation='fused' cannot run here: {refusal}; choose one of {others} "
-                         f"('auto' = fused on a CUDA GPU, else '{fallback}'; 'fused_interpret' runs the same kernel "
-                         f"as jax operations, slowly: for tests)")
+                         f"('auto' = '{fallback}' until the fused kernel has passed a GPU check; 'fused_interpret' "
+                         f"runs the same kernel as jax operations, slowly: for tests)")
     if implementation == "auto":
-        return fallback if refusal is not None else "fused"
+        return "fused" if FUSED_BY_DEFAULT and refusal is None else fallback
     return implementation
 
 
@@ -257,9 +264,21 @@ def _kind_label(attn: Any, call: dict[str, Any], backend: str, max_head_dim: int
         evaluation = dispatch(**facts)
     except ValueError as e:  # an explicit 'cudnn' this call would refuse
         return f"{kernel.name}/error({e})"
+    if evaluation in FUSED:
+        evaluation += fused_note(kernel, attn.head_dim, dtype)
     if attn.dropout_rate > 0.0:
         return f"{kernel.name}/explicit(train)+{evaluation}(eval)"
     return f"{kernel.name}/{evaluation}"
+
+
+def fused_note(kernel: Any, head_dim: int, dtype: Any) -> str:
+    """``'[tile 64, head dim 64 bfloat16: 2 stages each, within 227 KiB]'``: the tile rule's launch of a fused
+    kernel (:func:`attn_lab.attention.tiles.fused_plan`), or the rule's refusal."""
+    tile = getattr(kernel, "fused_block_size", None) or kernel.default_fused_block()
+    try:
+        return f"[{fused_plan(tile, head_dim, dtype).why}]"
+    except ValueError as e:
+        return f"[error: {e}]"
 
 
 def describe_dispatch(model: nnx.Module, *, backend: str | None = None) -> str:

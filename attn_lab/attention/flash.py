@@ -33,11 +33,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from attn_lab.attention.block_mask import BlockMask
 from attn_lab.attention.dense import NEG
-
-
-def padded_head_dim(head_dim: int) -> int:
-    """The head dim the kernel computes at: the next power of two, at least 16 (Triton's dot)."""
-    return max(16, int(pl.next_power_of_2(head_dim)))
+from attn_lab.attention.tiles import Plan, fused_plan, padded_head_dim
 
 
 def num_warps(block_size: int) -> int:
@@ -52,35 +48,37 @@ def _dot(a: jax.Array, b: jax.Array, trans_a: bool = False, trans_b: bool = Fals
     return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
-def _scores(q, k, tile, visible, scale):
-    """``[bs, bs]`` float32 logits of one tile: excluded keys ``-inf``, padded keys ``NEG``."""
+def _scores(q, k, tiles, tile_id, visible, scale):
+    """``[bs, bs]`` float32 logits of one tile: excluded keys ``-inf``, padded keys ``NEG``. ``tiles`` is
+    ``(full_ref, tiles_ref)``: a full tile (every query sees every key) skips loading and applying its token mask."""
     s = _dot(q, k, trans_b=True) * scale  # (bs, bs) float32
     if visible is not None:
         s = jnp.where(visible[None, :], s, NEG)
-    return jnp.where(tile, s, -jnp.inf)
+    full_ref, tiles_ref = tiles
+    bs = s.shape[0]
 
-
-def _tile(tiles_ref, tile_id, bs):
-    return tiles_ref[pl.ds(tile_id * bs, bs), :] != 0  # (bs, bs) bool
+    def masked(s):
+        return jnp.where(tiles_ref[pl.ds(tile_id * bs, bs), :] != 0, s, -jnp.inf)
+    return jax.lax.cond(full_ref[tile_id] != 0, lambda s: s, masked, s)
 
 
 def _visible(valid_ref, block, bs):
     return None if valid_ref is None else valid_ref[pl.ds(block * bs, bs)] != 0  # (bs,) bool
 
 
-def _forward_kernel(idx_ref, cnt_ref, tid_ref, tiles_ref, q_ref, k_ref, v_ref, valid_ref, o_ref, lse_ref, *,
-                    bs: int, scale: float):
-    """One query block: online softmax over its active key blocks."""
+def _forward_kernel(off_ref, idx_ref, tid_ref, full_ref, tiles_ref, q_ref, k_ref, v_ref, valid_ref, o_ref, m_ref,
+                    l_ref, *, bs: int, scale: float):
+    """One query block: online softmax over its active key blocks (the CSR list ``off[qb]:off[qb + 1]``)."""
     qb = pl.program_id(2)
     q = q_ref[...]  # (bs, Hp)
     hp = q.shape[-1]
 
     def body(j, carry):
         acc, m, l = carry  # (bs, Hp), (bs,), (bs,)
-        kb = idx_ref[qb, j]
+        kb = idx_ref[j]
         k = k_ref[pl.ds(kb * bs, bs), :]  # (bs, Hp)
         v = v_ref[pl.ds(kb * bs, bs), :]  # (bs, Hp)
-        s = _scores(q, k, _tile(tiles_ref, tid_ref[qb, j], bs), _visible(valid_ref, kb, bs), scale)
+        s = _scores(q, k, (full_ref, tiles_ref), tid_ref[j], _visible(valid_ref, kb, bs), scale)
         m_new = jnp.maximum(m, s.max(axis=-1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a row with nothing allowed yet
         alpha = jnp.exp(m - m_safe)
@@ -90,16 +88,20 @@ def _forward_kernel(idx_ref, cnt_ref, tid_ref, tiles_ref, q_ref, k_ref, v_ref, v
         return acc, m_new, l
 
     init = (jnp.zeros((bs, hp), jnp.float32), jnp.full((bs,), -jnp.inf, jnp.float32), jnp.zeros((bs,), jnp.float32))
-    acc, m, l = jax.lax.fori_loop(0, cnt_ref[qb], body, init)
+    acc, m, l = jax.lax.fori_loop(off_ref[qb], off_ref[qb + 1], body, init)
     l_safe = jnp.where(l > 0.0, l, 1.0)  # a row with no key at all (block filler): output 0
     o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(m == -jnp.inf, 0.0, m) + jnp.log(l_safe)
+    # The row max and the row sum, saved apart (as tokamax does): their logsumexp ``m + log l`` rounds to ``m``
+    # in float32 when m is NEG (a query whose pattern keys are all padding), which made p = 1 instead of 1 / l.
+    m_ref[...] = jnp.where(m == -jnp.inf, 0.0, m)
+    l_ref[...] = l_safe
 
 
-def _probs_and_ds(q, k, v, do, lse, delta, tile, visible, scale):
-    """Recomputed probabilities ``p`` and logit gradients ``ds`` of one tile (``[bs, bs]`` float32 each)."""
-    s = _scores(q, k, tile, visible, scale)
-    p = jnp.exp(s - lse[:, None])  # excluded keys: 0
+def _probs_and_ds(q, k, v, do, m, l, delta, tiles, tile_id, visible, scale):
+    """Recomputed probabilities ``p = exp(s - m) / l`` and logit gradients ``ds`` of one tile (``[bs, bs]``
+    float32 each)."""
+    s = _scores(q, k, tiles, tile_id, visible, scale)
+    p = jnp.exp(s - m[:, None]) / l[:, None]  # excluded keys: 0
     dp = _dot(do, v, trans_b=True)  # (bs, bs)
     ds = p * (dp - delta[:, None])
     if visible is not None:  # a padded key's logit is the constant NEG: no gradient reaches q or k
@@ -107,27 +109,27 @@ def _probs_and_ds(q, k, v, do, lse, delta, tile, visible, scale):
     return p, ds * scale
 
 
-def _dq_kernel(idx_ref, cnt_ref, tid_ref, tiles_ref, q_ref, k_ref, v_ref, valid_ref, do_ref, lse_ref, delta_ref,
-               dq_ref, *, bs: int, scale: float):
+def _dq_kernel(off_ref, idx_ref, tid_ref, full_ref, tiles_ref, q_ref, k_ref, v_ref, valid_ref, do_ref, m_ref, l_ref,
+               delta_ref, dq_ref, *, bs: int, scale: float):
     """dQ of one query block, over its active key blocks."""
     qb = pl.program_id(2)
     q, do = q_ref[...], do_ref[...]  # (bs, Hp) each
-    lse, delta = lse_ref[...], delta_ref[...]  # (bs,) each
+    m, l, delta = m_ref[...], l_ref[...], delta_ref[...]  # (bs,) each
 
     def body(j, dq):
-        kb = idx_ref[qb, j]
+        kb = idx_ref[j]
         k = k_ref[pl.ds(kb * bs, bs), :]
         v = v_ref[pl.ds(kb * bs, bs), :]
-        _, ds = _probs_and_ds(q, k, v, do, lse, delta, _tile(tiles_ref, tid_ref[qb, j], bs),
+        _, ds = _probs_and_ds(q, k, v, do, m, l, delta, (full_ref, tiles_ref), tid_ref[j],
                               _visible(valid_ref, kb, bs), scale)
         return dq + _dot(ds.astype(k.dtype), k)
 
-    dq = jax.lax.fori_loop(0, cnt_ref[qb], body, jnp.zeros(q.shape, jnp.float32))
+    dq = jax.lax.fori_loop(off_ref[qb], off_ref[qb + 1], body, jnp.zeros(q.shape, jnp.float32))
     dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(idx_ref, cnt_ref, tid_ref, tiles_ref, q_ref, k_ref, v_ref, valid_ref, do_ref, lse_ref, delta_ref,
-                 dk_ref, dv_ref, *, bs: int, scale: float):
+def _dkdv_kernel(off_ref, idx_ref, tid_ref, full_ref, tiles_ref, q_ref, k_ref, v_ref, valid_ref, do_ref, m_ref,
+                 l_ref, delta_ref, dk_ref, dv_ref, *, bs: int, scale: float):
     """dK and dV of one key block (for one query head), over the query blocks that see it."""
     kb = pl.program_id(2)
     k, v = k_ref[...], v_ref[...]  # (bs, Hp) each
@@ -135,17 +137,17 @@ def _dkdv_kernel(idx_ref, cnt_ref, tid_ref, tiles_ref, q_ref, k_ref, v_ref, vali
 
     def body(j, carry):
         dk, dv = carry
-        qb = idx_ref[kb, j]
+        qb = idx_ref[j]
         rows = pl.ds(qb * bs, bs)
         q, do = q_ref[rows, :], do_ref[rows, :]  # (bs, Hp) each
-        p, ds = _probs_and_ds(q, k, v, do, lse_ref[rows], delta_ref[rows], _tile(tiles_ref, tid_ref[kb, j], bs),
-                              visible, scale)
+        p, ds = _probs_and_ds(q, k, v, do, m_ref[rows], l_ref[rows], delta_ref[rows], (full_ref, tiles_ref),
+                              tid_ref[j], visible, scale)
         dv = dv + _dot(p.astype(do.dtype), do, trans_a=True)
         dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
         return dk, dv
 
     zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = jax.lax.fori_loop(0, cnt_ref[kb], body, (zeros, zeros))
+    dk, dv = jax.lax.fori_loop(off_ref[kb], off_ref[kb + 1], body, (zeros, zeros))
     dk_ref[...], dv_ref[...] = dk.astype(dk_ref.dtype), dv.astype(dv_ref.dtype)
 
 
@@ -169,39 +171,42 @@ def _block_specs(bs: int, t_pad: int, hp: int, group: int) -> dict[str, pl.Block
 
 
 def _inputs(lists, tiles, valid, q_spec, kv_spec, specs) -> list[pl.BlockSpec | None]:
-    """Specs of the operands every kernel takes first: (3 lists, tiles, q, k, v, valid or None)."""
-    return [_whole(a) for a in lists] + [_whole(tiles), q_spec, kv_spec, kv_spec,
-                                          None if valid is None else specs["valid"]]
+    """Specs of the operands every kernel takes first: (3 CSR lists, full flags, tiles, q, k, v, valid or None)."""
+    return [_whole(a) for a in (*lists, *tiles)] + [q_spec, kv_spec, kv_spec,
+                                                    None if valid is None else specs["valid"]]
 
 
-def _call(kernel, grid, in_specs, out_specs, out_shape, bs, interpret, name):
+def _call(kernel, grid, in_specs, out_specs, out_shape, bs, stages, interpret, name):
     return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-                          compiler_params=plgpu.CompilerParams(num_warps=num_warps(bs), num_stages=2),
+                          compiler_params=plgpu.CompilerParams(num_warps=num_warps(bs), num_stages=stages),
                           interpret=interpret, name=name)
 
 
 def _mask_arrays(mask: BlockMask):
-    """The block mask as device arrays: kv lists, q lists, tiles flattened to ``[U * bs, bs]`` int8."""
-    kv = tuple(jnp.asarray(a) for a in (mask.kv_indices, mask.kv_counts, mask.kv_tiles))
-    qs = tuple(jnp.asarray(a) for a in (mask.q_indices, mask.q_counts, mask.q_tiles))
-    tiles = jnp.asarray(mask.tiles.reshape(-1, mask.block_size).astype(np.int8))
+    """The block mask as device arrays: the CSR lists per query block and per key block (offsets, blocks, tile
+    ids: O(active tiles), not O(blocks^2)), and the tiles as (full flag per tile, token masks ``[U * bs, bs]``)."""
+    kv = tuple(jnp.asarray(a) for a in mask.ragged("kv"))
+    qs = tuple(jnp.asarray(a) for a in mask.ragged("q"))
+    tiles = (jnp.asarray(mask.tiles.all(axis=(1, 2)).astype(np.int32)),
+             jnp.asarray(mask.tiles.reshape(-1, mask.block_size).astype(np.int8)))
     return kv, qs, tiles
 
 
-def _forward(q, k, v, valid, mask: BlockMask, scale: float, interpret: bool):
-    """``q [B, Tp, N, Hp]``, ``k, v [B, Tp, K, Hp]`` -> ``(out [B, Tp, N, Hp], lse [B, N, Tp])``."""
+def _forward(q, k, v, valid, mask: BlockMask, scale: float, plan: Plan, interpret: bool):
+    """``q [B, Tp, N, Hp]``, ``k, v [B, Tp, K, Hp]`` -> ``(out [B, Tp, N, Hp], m [B, N, Tp], l [B, N, Tp])``."""
     b, t_pad, n, hp = q.shape
     bs = mask.block_size
     specs = _block_specs(bs, t_pad, hp, n // k.shape[2])
     kv, _, tiles = _mask_arrays(mask)
-    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, n, t_pad), jnp.float32)]
+    rows = jax.ShapeDtypeStruct((b, n, t_pad), jnp.float32)
+    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), rows, rows]
     return _call(functools.partial(_forward_kernel, bs=bs, scale=scale), (b, n, mask.num_blocks),
                  _inputs(kv, tiles, valid, specs["q_block"], specs["kv_whole"], specs),
-                 [specs["q_block"], specs["rows_block"]], out_shape, bs, interpret, "block_sparse_flash_fwd")(
-        *kv, tiles, q, k, v, valid)
+                 [specs["q_block"], specs["rows_block"], specs["rows_block"]], out_shape, bs,
+                 plan.of("forward"), interpret, "block_sparse_flash_fwd")(*kv, *tiles, q, k, v, valid)
 
 
-def _backward(q, k, v, valid, out, lse, do, mask: BlockMask, scale: float, interpret: bool):
+def _backward(q, k, v, valid, out, m, l, do, mask: BlockMask, scale: float, plan: Plan, interpret: bool):
     """``(dq, dk, dv)`` of the padded inputs; dk/dv summed over each group of query heads."""
     b, t_pad, n, hp = q.shape
     bs, kh = mask.block_size, k.shape[2]
@@ -210,35 +215,35 @@ def _backward(q, k, v, valid, out, lse, do, mask: BlockMask, scale: float, inter
     delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), do.astype(jnp.float32))  # (B, N, Tp)
     grid = (b, n, mask.num_blocks)
     dq_in = _inputs(kv, tiles, valid, specs["q_block"], specs["kv_whole"], specs)
-    dq_in += [specs["q_block"], specs["rows_block"], specs["rows_block"]]  # dO, lse, delta of this query block
+    dq_in += [specs["q_block"]] + [specs["rows_block"]] * 3  # dO, m, l, delta of this query block
     dq = _call(functools.partial(_dq_kernel, bs=bs, scale=scale), grid, dq_in, specs["q_block"],
-               jax.ShapeDtypeStruct(q.shape, q.dtype), bs, interpret, "block_sparse_flash_dq")(
-        *kv, tiles, q, k, v, valid, do, lse, delta)
+               jax.ShapeDtypeStruct(q.shape, q.dtype), bs, plan.of("dq"), interpret, "block_sparse_flash_dq")(
+        *kv, *tiles, q, k, v, valid, do, m, l, delta)
     dkv_in = _inputs(qs, tiles, valid, specs["q_whole"], specs["kv_block"], specs)
-    dkv_in += [specs["q_whole"], specs["rows_whole"], specs["rows_whole"]]  # the loop slices the query blocks
+    dkv_in += [specs["q_whole"]] + [specs["rows_whole"]] * 3  # the loop slices the query blocks
     per_head = jax.ShapeDtypeStruct((b, t_pad, n, hp), jnp.float32)  # summed over each group below
     dk, dv = _call(functools.partial(_dkdv_kernel, bs=bs, scale=scale), grid, dkv_in,
-                   [specs["q_block"], specs["q_block"]], [per_head, per_head], bs, interpret,
-                   "block_sparse_flash_dkdv")(*qs, tiles, q, k, v, valid, do, lse, delta)
+                   [specs["q_block"], specs["q_block"]], [per_head, per_head], bs, plan.of("dkdv"), interpret,
+                   "block_sparse_flash_dkdv")(*qs, *tiles, q, k, v, valid, do, m, l, delta)
     group = n // kh
     dk = dk.reshape(b, t_pad, kh, group, hp).sum(3).astype(k.dtype)  # (B, Tp, K, Hp)
     dv = dv.reshape(b, t_pad, kh, group, hp).sum(3).astype(v.dtype)
     return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _flash(q, k, v, valid, mask, scale, interpret):
-    return _forward(q, k, v, valid, mask, scale, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _flash(q, k, v, valid, mask, scale, plan, interpret):
+    return _forward(q, k, v, valid, mask, scale, plan, interpret)[0]
 
 
-def _flash_fwd(q, k, v, valid, mask, scale, interpret):
-    out, lse = _forward(q, k, v, valid, mask, scale, interpret)
-    return out, (q, k, v, valid, out, lse)
+def _flash_fwd(q, k, v, valid, mask, scale, plan, interpret):
+    out, m, l = _forward(q, k, v, valid, mask, scale, plan, interpret)
+    return out, (q, k, v, valid, out, m, l)
 
 
-def _flash_bwd(mask, scale, interpret, residuals, do):
-    q, k, v, valid, out, lse = residuals
-    dq, dk, dv = _backward(q, k, v, valid, out, lse, do, mask, scale, interpret)
+def _flash_bwd(mask, scale, plan, interpret, residuals, do):
+    q, k, v, valid, out, m, l = residuals
+    dq, dk, dv = _backward(q, k, v, valid, out, m, l, do, mask, scale, plan, interpret)
     return dq, dk, dv, None
 
 
@@ -250,9 +255,10 @@ def _pad(x: jax.Array, t_pad: int, hp: int) -> jax.Array:
     return jnp.pad(x, ((0, 0), (0, t_pad - x.shape[1]), (0, 0), (0, hp - x.shape[3])))
 
 
-@functools.partial(jax.jit, static_argnames=("mask", "interpret"))
+@functools.partial(jax.jit, static_argnames=("mask", "interpret", "stages"))
 def block_sparse_flash(query: jax.Array, key: jax.Array, value: jax.Array, mask: BlockMask, *,
-                       key_valid: jax.Array | None = None, interpret: bool = False) -> jax.Array:
+                       key_valid: jax.Array | None = None, interpret: bool = False,
+                       stages: int | None = None) -> jax.Array:
     """Exact softmax attention restricted to ``mask``'s pattern, fused: ``[B, T, N, H]`` x ``[B, T, K, H]``.
 
     Args:
@@ -262,6 +268,8 @@ def block_sparse_flash(query: jax.Array, key: jax.Array, value: jax.Array, mask:
       key_valid: ``[B, T]`` key-padding vector (False masks a key out) or None.
       interpret: run the kernels as jax operations (any backend; for tests), instead of compiling them for a
         CUDA GPU through Triton.
+      stages: pipeline stages of every kernel (the device check's compile matrix); None: the tile rule's
+        (:func:`~attn_lab.attention.tiles.fused_plan`), which also refuses a tile beyond shared memory.
 
     Returns:
       ``[B, T, N, H]`` in the query dtype. Differentiable in query, key and value (fused backward).
@@ -271,16 +279,49 @@ def block_sparse_flash(query: jax.Array, key: jax.Array, value: jax.Array, mask:
         raise ValueError(f"block-sparse flash attention is self-attention: query length {t}, key length "
                          f"{key.shape[1]}, block mask length {mask.length}")
     t_pad, hp = mask.num_blocks * mask.block_size, padded_head_dim(h)
+    plan = fused_plan(mask.block_size, h, query.dtype)
+    if stages is not None:
+        plan = Plan(plan.tile, (stages,) * 3, f"{stages} stages (set)")
     valid = None
     if key_valid is not None:
         valid = jnp.pad(jnp.broadcast_to(key_valid, (b, t)).astype(jnp.int8), ((0, 0), (0, t_pad - t)))
     q, k, v = (_pad(x, t_pad, hp) for x in (query, key, value))
-    out = _flash(q, k, v.astype(q.dtype), valid, mask, float(h) ** -0.5, interpret)  # (B, Tp, N, Hp)
+    out = _flash(q, k, v.astype(q.dtype), valid, mask, float(h) ** -0.5, plan, interpret)  # (B, Tp, N, Hp)
     return out[:, :t, :, :h]
 
 
 def fused_path(path: str, query: jax.Array, key: jax.Array, value: jax.Array, mask: BlockMask,
                key_valid: jax.Array | None) -> jax.Array:
     """A kernel's 'fused' / 'fused_interpret' dispatch path (``dispatch.FUSED``): the kernel compiled or
-    interpreted."""
+    interpreted. The compiled path is first compiled alone, forward and backward, per launch configuration
+    (:func:`check_compiles`), so a compile failure is one line naming the tile, head dim and dtype."""
+    if path == "fused":
+        check_compiles(mask.block_size, query.shape[-1], query.shape[-2], key.shape[-2], str(query.dtype),
+                       key_valid is not None)
     return block_sparse_flash(query, key, value, mask, key_valid=key_valid, interpret=path == "fused_interpret")
+
+
+@functools.lru_cache(maxsize=None)
+def check_compiles(tile: int, head_dim: int, heads: int, kv_heads: int, dtype: str, padded: bool) -> None:
+    """Compiles the fused forward and backward once for this launch configuration (two tiles of a full pattern),
+    turning a Triton or Pallas failure into one ValueError naming the tile, head dim and dtype (never a silent
+    fallback to another path). Cached: one check per configuration and process."""
+    from attn_lab.attention.block_mask import create_block_mask
+
+    mask = create_block_mask(lambda q, k: q >= 0, 2 * tile, tile)
+    shape = (1, 2 * tile, heads, head_dim)
+    q = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+    kv = jax.ShapeDtypeStruct((1, 2 * tile, kv_heads, head_dim), jnp.dtype(dtype))
+    valid = jax.ShapeDtypeStruct((1, 2 * tile), jnp.bool_) if padded else None
+
+    def loss(q, k, v, valid):
+        return block_sparse_flash(q, k, v, mask, key_valid=valid).astype(jnp.float32).sum()
+    try:
+        jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv, valid).compile()
+    except Exception as e:  # noqa: BLE001 (Triton and Mosaic raise their own types)
+        if isinstance(e, ValueError) and str(e).startswith("fused kernel:"):  # the tile rule's own line
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(f"fused kernel: tile {tile}, head dim {head_dim}, {dtype} failed to compile "
+                         f"({type(e).__name__}: {first}); set implementation to the XLA path (e.g. 'blockwise') "
+                         "or another fused_block_size") from None

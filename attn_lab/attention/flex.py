@@ -51,7 +51,7 @@ class PatternAttention(AttentionKernel):
     """Exact softmax attention restricted to ``mask_mod``'s pattern (see the module docstring).
 
     Options shared by every pattern:
-      implementation: 'auto' (default: 'fused' on a CUDA GPU, 'xla' elsewhere), 'xla' (the gather path),
+      implementation: 'auto' (default: 'xla' until the fused kernel passed a GPU check), 'xla' (the gather path),
         'fused' (the Pallas kernel compiled for a CUDA GPU; a one-line error elsewhere) or 'fused_interpret' (the
         same kernel run as jax operations on any backend: slow, for tests and debugging).
       fused_block_size: tile size of the fused kernel, one of 16, 32, 64, 128 (Triton's rule); None = the

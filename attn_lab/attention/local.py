@@ -159,7 +159,8 @@ class LocalAttention(AttentionKernel):
         :func:`local_attention`; 'cudnn': cuDNN or a one-line ValueError, never a silent fallback; 'fused': the
         block-sparse Pallas flash kernel (:mod:`attn_lab.attention.flash`), which visits only the tiles inside the
         band (CUDA GPU; a one-line ValueError elsewhere); 'fused_interpret': the same kernel run as jax operations
-        on any backend (slow: tests). Under 'auto', a CUDA GPU runs cuDNN where it is exact, 'fused' elsewhere.
+        on any backend (slow: tests). Under 'auto', a CUDA GPU runs cuDNN where it is exact, else 'blockwise'
+        ('fused' once it passed a GPU check: dispatch.FUSED_BY_DEFAULT).
         The band maps to ``jax.nn.dot_product_attention``'s ``local_window_size`` as :func:`reach` says:
         causal ``(w - 1, 0)`` with ``is_causal`` (cuDNN's ``sliding_window_length = w``).
       fused_block_size: tile of the fused kernel, one of 16, 32, 64 (default), 128 (Triton's rule).
