@@ -12,6 +12,8 @@
 #   loop            scripts/bench_train.py --loop (skipped if it has none) -> OUTDIR/bench_loop.{json,md}
 #   numbers_1seed   python -m attn_lab.train, numbers quick, one seed     -> OUTDIR/numbers_1seed/results.json
 #   numbers_8seeds  the same, 8 vmapped seeds (--seeds 0,...,7)            -> OUTDIR/numbers_8seeds/seed=*/
+#   fused           scripts/fused_check.py: the fused kernels' compile matrix and 16K timings (--smoke off a GPU)
+#                                                                          -> OUTDIR/fused.json
 #   tests           pytest on the GPU-relevant test files                 -> OUTDIR/tests.xml
 # The benchmarks run before the tests so that a slow suite cannot cost the measurements.
 #
@@ -50,6 +52,7 @@ outputs() {  # outputs STEP: the files STEP writes under OUT, removed before it 
     train_*) echo "$OUT/bench_$1".*;;
     loop) echo "$OUT"/bench_loop*;;
     numbers_*) echo "$OUT/$1";;  # the trainer would resume an existing workdir
+    fused) echo "$OUT/fused.json";;
     tests) echo "$OUT/tests.xml";;
   esac
 }
@@ -88,7 +91,8 @@ case "$SIZE" in
     LOOP=()
     NUMBERS_SHORT=()
     PYTEST_ARGS=($TEST_FILES)
-    LIMITS=(240 90 150 150 90 150 300)  # attention train_default train_large loop numbers_1 numbers_8 tests
+    FUSED=(); [ "$BACKEND" = gpu ] || FUSED=(--smoke)  # the compile matrix needs a CUDA GPU
+    LIMITS=(240 90 150 150 90 150 300 420)  # attention train_default train_large loop numbers_1 numbers_8 tests fused
     ;;
   cpu)
     ATTN_ENV=()
@@ -99,7 +103,8 @@ case "$SIZE" in
     NUMBERS_SHORT=(--config.train.num_steps=20 --config.train.batch_size=16 --config.train.log_every=5
                    --config.train.eval_every=20 --config.train.checkpoint_every=20 --config.train.max_eval_batches=1)
     PYTEST_ARGS=(tests/test_kernels_exact.py -k "option_errors or exactly_the_band or memory_is_a_fraction")
-    LIMITS=(120 90 90 180 120 180 120)
+    FUSED=(--smoke)
+    LIMITS=(120 90 90 180 120 180 120 180)
     ;;
   tiny)
     ATTN_ENV=()
@@ -110,7 +115,8 @@ case "$SIZE" in
     NUMBERS_SHORT=(--config.train.num_steps=4 --config.train.batch_size=8 --config.train.log_every=2
                    --config.train.eval_every=4 --config.train.checkpoint_every=4 --config.train.max_eval_batches=1)
     PYTEST_ARGS=(--collect-only $TEST_FILES)
-    LIMITS=(60 60 60 120 60 120 60)
+    FUSED=(--smoke)
+    LIMITS=(60 60 60 120 60 120 60 120)
     ;;
 esac
 [ -n "${DEVICE_CHECK_PYTEST_ARGS:-}" ] && read -r -a PYTEST_ARGS <<< "$DEVICE_CHECK_PYTEST_ARGS"
@@ -135,6 +141,7 @@ step numbers_1seed "${LIMITS[4]}" "$PY" -m attn_lab.train "${NUMBERS[@]}" "${NUM
   --workdir "$OUT/numbers_1seed"
 step numbers_8seeds "${LIMITS[5]}" "$PY" -m attn_lab.train "${NUMBERS[@]}" "${NUMBERS_SHORT[@]}" \
   --workdir "$OUT/numbers_8seeds/seed={seed}" --seeds 0,1,2,3,4,5,6,7
+step fused "${LIMITS[7]}" "$PY" scripts/fused_check.py "${FUSED[@]}" --out "$OUT/fused.json"
 step tests "${LIMITS[6]}" "$PY" -m pytest -q -p no:cacheprovider --junitxml="$OUT/tests.xml" "${PYTEST_ARGS[@]}"
 
 "${REPORT[@]}" write "$OUT" > /dev/null

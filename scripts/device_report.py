@@ -216,6 +216,27 @@ def numbers_summary(out: str, step: dict) -> tuple[str, list[str]]:
     return key, lines
 
 
+def fused_summary(out: str, step: dict) -> tuple[str, list[str]]:
+    """scripts/fused_check.py's report: compile failures among the cases the tile rule allows, the largest errors
+    against naive attention, and the 16K speed-ups over cuDNN; a table of every case."""
+    report = read_json(os.path.join(out, "fused.json"))
+    if not isinstance(report, dict):
+        return "–", []
+    cases, t = report.get("matrix", []), report.get("timings", {})
+    allowed = [c for c in cases if not str(c.get("rule", "")).startswith("refused")]
+    broken = [c for c in allowed if "error" in c]
+    worst = max((max(c["errors"].values()) for c in allowed if "errors" in c), default=None)
+    speed = ", ".join(f"{k.split('_')[0]} {t[k]}x" for k in ("local_fused_speedup", "bigbird_fused_speedup") if k in t)
+    key = (f"{len(allowed) - len(broken)}/{len(allowed)} allowed cases compile ({len(cases) - len(allowed)} refused "
+           f"by the tile rule); largest error {num(worst)}" + (f"; vs cuDNN at {t.get('length')}: {speed}"
+                                                               if speed else ""))
+    rows = ["| tile | head dim | dtype | stages | rule | compile s | max error | error |", "|---" * 8 + "|"]
+    rows += [f"| {c['tile']} | {c['head_dim']} | {c['dtype']} | {c['stages']} | {c.get('rule', '')} | "
+             f"{c.get('compile_s', '–')} | {num(max(c['errors'].values())) if 'errors' in c else '–'} | "
+             f"{c.get('error', '')} |" for c in cases]
+    return key, rows + ["", "Timings: " + json.dumps(t)]
+
+
 def environment_summary(out: str, step: dict) -> tuple[str, list[str]]:
     return environment_line(out), []
 
@@ -223,7 +244,7 @@ def environment_summary(out: str, step: dict) -> tuple[str, list[str]]:
 SUMMARIES: dict[str, Callable[[str, dict], tuple[str, list[str]]]] = {
     "environment": environment_summary, "tests": tests_summary, "attention": attention_summary,
     "train_default": train_summary, "train_large": train_summary, "loop": loop_summary,
-    "numbers_1seed": numbers_summary, "numbers_8seeds": numbers_summary}
+    "numbers_1seed": numbers_summary, "numbers_8seeds": numbers_summary, "fused": fused_summary}
 
 
 def summarize(out: str, step: dict) -> tuple[str, list[str]]:

@@ -175,6 +175,12 @@ elif args[:2] == ["-m", "attn_lab.train"]:
         workdir = value("--workdir").replace("{{seed}}", seed)
         os.makedirs(workdir, exist_ok=True)
         json.dump({{"steps": 4, "steady_steps_per_sec": 2.0}}, open(os.path.join(workdir, "results.json"), "w"))
+elif args[0].endswith("fused_check.py"):
+    json.dump({{"matrix": [{{"tile": 32, "head_dim": 64, "dtype": "bfloat16", "stages": 2, "rule": "tile 32: fits",
+                            "compile_s": 1.5, "errors": {{"dq": 0.01}}}},
+                           {{"tile": 128, "head_dim": 128, "dtype": "float32", "stages": 1,
+                            "rule": "refused: too big", "compile_s": 0.1, "error": "out of shared memory"}}],
+               "timings": {{"length": 16384, "local_fused_speedup": 6.1}}}}, open(value("--out"), "w"))
 elif args[:2] == ["-m", "pytest"]:
     print("1 failed, 2 passed in 0.1s")
     sys.exit(1)
@@ -192,8 +198,8 @@ def test_script_runs_every_step_records_a_failure_and_exits_nonzero(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the failing test step
     steps = report.read_steps(str(out))
     assert [s["name"] for s in steps] == ["environment", "attention", "train_default", "train_large", "loop",
-                                          "numbers_1seed", "numbers_8seeds", "tests"]
-    assert [s["status"] for s in steps] == ["ok"] * 4 + ["skipped"] + ["ok"] * 2 + ["failed"]
+                                          "numbers_1seed", "numbers_8seeds", "fused", "tests"]
+    assert [s["status"] for s in steps] == ["ok"] * 4 + ["skipped"] + ["ok"] * 3 + ["failed"]
     assert json.loads((out / "environment.json").read_text())["pythonpath"] == f"{ROOT}:/elsewhere"
     md = (out / "device_check.md").read_text()
     assert "sizes: tiny" in md and "**1 failed**: tests" in md and "PASS fake target" in md
@@ -201,6 +207,8 @@ def test_script_runs_every_step_records_a_failure_and_exits_nonzero(tmp_path):
     assert "8 seeds, 4 steps, steady steps/s 2, seed-steps/s 16" in md and "1 failed, 2 passed" in md
     assert "--seeds 0,1,2,3,4,5,6,7" in md and "bench_attention.py --dtype bfloat16" in md
     assert "-m attn_lab.train --config configs/numbers.py:quick" in md
+    assert "1/1 allowed cases compile (1 refused by the tile rule); largest error 0.01; vs cuDNN at 16384: " \
+           "local 6.1x" in md and "scripts/fused_check.py --smoke" in md
 
     (out / "tests.xml").write_text("stale")
     env.update(DEVICE_CHECK_STEPS="tests,numbers_8seeds", DEVICE_CHECK_PYTEST_ARGS="-k nothing")  # a partial rerun
@@ -208,7 +216,7 @@ def test_script_runs_every_step_records_a_failure_and_exits_nonzero(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr  # still failing tests
     rerun = report.read_steps(str(out))
     assert [s["name"] for s in rerun] == [s["name"] for s in steps] and rerun[:6] == steps[:6]  # the rest kept
-    assert rerun[7]["command"][-2:] == ["-k", "nothing"]  # the new record, in the old place
+    assert rerun[7] == steps[7] and rerun[8]["command"][-2:] == ["-k", "nothing"]  # the new record, in its place
     assert not (out / "tests.xml").exists()  # the rerun step's old output is gone before it runs
 
 
@@ -221,3 +229,21 @@ def test_device_check_end_to_end_at_tiny_sizes(tmp_path):
     assert proc.returncode == 0, md
     assert "all steps ran" in md and "**failed**" not in md and "timed out" not in md
     assert "No cuDNN row" in md or "jax.nn.dot_product_attention/cudnn" in md
+
+
+@pytest.mark.slow
+def test_fused_check_smoke_runs_end_to_end_on_a_cpu(tmp_path):
+    """scripts/fused_check.py --smoke: the compile matrix (interpret mode, tiny tiles) and the timings, one report;
+    every case within float32 / bf16 rounding of naive attention."""
+    out = tmp_path / "fused.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "fused_check.py"), "--smoke", "--out",
+                           str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["smoke"] and len(result["matrix"]) == 8 and all("error" not in c for c in result["matrix"])
+    for case in result["matrix"]:
+        assert max(case["errors"].values()) < (5e-5 if case["dtype"] == "float32" else 5e-2), case
+    assert {"xla_dense_s", "local_fused_s", "bigbird_fused_s"} <= set(result["timings"])
+    key, rows = report.fused_summary(str(tmp_path), {})
+    assert key.startswith("8/8 allowed cases compile (0 refused by the tile rule); largest error ")
+    assert len(rows) == 2 + 8 + 2
