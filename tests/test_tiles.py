@@ -61,3 +61,24 @@ def test_every_allowed_plan_fits_and_every_refusal_is_a_real_overflow(dtype, hea
             stages = plan.of(kernel)
             assert 1 <= stages <= STAGES and kernel_bytes(kernel, tile, head_dim, dtype, stages) <= SMEM_LIMIT
             assert stages == STAGES or kernel_bytes(kernel, tile, head_dim, dtype, stages + 1) > SMEM_LIMIT
+
+
+def test_an_explicit_fused_tile_beyond_shared_memory_is_refused_at_validation(monkeypatch):
+    """On a GPU (the backend check stubbed), implementation='fused' with a tile the rule refuses stops the run's
+    validation in one line naming the kernel key, before any file is written."""
+    from attn_lab.attention import dispatch
+    from attn_lab.train.config import validate_config
+    from tests.helpers import tiny_numbers
+
+    monkeypatch.setattr(dispatch, "fused_refusal", lambda backend: None)
+    c = tiny_numbers("/nonexistent/data")
+    c.model.d_model, c.model.num_heads = 512, 4  # head dim 128, float32
+    c.model.kinds.encoder_self.attention = "local"
+    c.model.attention.local.update(implementation="fused", fused_block_size=128)
+    with pytest.raises(ValueError) as info:
+        validate_config(c)
+    assert str(info.value) == (
+        "model.attention.local: fused kernel: tile 128 with head dim 128 in float32 does not fit in 227 KiB of shared "
+        "memory (dkdv: 400 KiB at one stage); use fused_block_size=64 or less (used by encoder_self)")
+    c.model.attention.local.fused_block_size = 64
+    validate_config(c)

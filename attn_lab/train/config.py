@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 from ml_collections import config_dict
@@ -27,6 +28,7 @@ from sacrebleu.metrics import BLEU
 from attn_lab import objectives
 from attn_lab.attention import KERNELS, build_kernel, validate_spec
 from attn_lab.attention.registry import default_options, option_type
+from attn_lab.attention.tiles import fused_plan
 from attn_lab.checks import (
     BOOL,
     FRACTION,
@@ -218,6 +220,12 @@ def _build_kernel(m: Any, kind: str, kv: int, call: Any) -> tuple[str, Any]:
         kernel.check(causal=call.causal, cross=call.cross, dropout=m.attention_dropout > 0)
     except ValueError as e:
         raise ValueError(f"{e} (used by {kind})") from None
+    if getattr(kernel, "implementation", None) == "fused":  # a tile beyond shared memory: before any file exists
+        tile = getattr(kernel, "fused_block_size", None) or kernel.default_fused_block()
+        try:
+            fused_plan(tile, kernel.head_dim, jnp.dtype(m.dtype))
+        except ValueError as e:
+            raise ValueError(f"model.attention.{name}: {e} (used by {kind})") from None
     return name, kernel
 
 
