@@ -60,6 +60,11 @@ def get_experiment(preset: str = "quick") -> dict:
         return {"name": "head_count_sharp", "config": "configs/dretrieval.py", "overrides": SHARP_MODEL,
                 "variants": rows, "seeds": SHARP_SEEDS,
                 "design": Design.of(FINDINGS_SHARP, SHARP_SD, SHARP_PILOT, PILOT_SEEDS, effect=SHARP_EFFECT)}
+    if preset == "sharp_curve":  # read-out accuracy against h for D = 2 and 4 lookups, width 64: exploratory
+        rows = {f"D{d}-h{h}": {"task.num_lookups": d, "model.num_heads": h, "model.head_dim": 64 // h}
+                for d in (2, 4) for h in (1, 2, 4, 8)}
+        return {"name": "head_count_sharp_curve", "config": "configs/dretrieval.py", "variants": rows,
+                "seeds": SHARP_CURVE_SEEDS}
     if preset == "quick":
         rows = _rows(64, [1, 2, 4, 8, 16], 16, [1, 8])
         return {"name": "head_count_quick", "config": "configs/numbers.py:quick",
@@ -91,8 +96,8 @@ def get_experiment(preset: str = "quick") -> dict:
                 "overrides": BEAM,
                 "variants": _rows(128, [1, 2, 4, 8, 16, 32], 32, [1, 2, 8, 16]), "seeds": [0, 1, 2, 3, 4],
                 "design": design()}
-    raise ValueError(f"unknown preset '{preset}' for experiments/head_count.py; use demo, sharp, quick, powered, "
-                     "lm, full, bible, bible_all or gpu")
+    raise ValueError(f"unknown preset '{preset}' for experiments/head_count.py; use demo, sharp, sharp_curve, quick, "
+                     "powered, lm, full, bible, bible_all or gpu")
 
 
 # --- published numbers (Vaswani et al. 2017; Shazeer 2019; Ainslie et al. 2023) --------------------------------
@@ -166,6 +171,9 @@ SHARP_PILOT = "experiments/head_count.py:sharp --seeds 0,1,2,3,4 (docs/head_coun
 #   0.76, as good as two heads), two heads 0.71 +- 0.06; paired A-h1 minus A-h2 -0.124, sd 0.152.
 SHARP_SD, SHARP_EFFECT = {"A-h1": 0.152}, {"A-h1": -0.124}
 SHARP_SEEDS = [100, 101, 102]
+# The sharp_curve preset: the curve the paper plots (accuracy against h, one curve per D) at d_model 64, 3 seeds,
+# no verdict (exploratory: no pilot, and the transition it looks for did not show in the one-seed probes).
+SHARP_CURVE_SEEDS = [200, 201, 202]
 # How each preset's findings are judged (metric, its label, sign: -1 turns a loss into higher-is-better)
 # and the row they are judged against.
 JUDGED = {"head_count_sharp": ("test_accuracy", "test accuracy at the read-out position", 1.0, SHARP_BASELINE)}
@@ -204,8 +212,8 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     from attn_lab.reporting.plots import errorbar_plot
 
     lm = not any("test_exact_match" in r for r in rows)  # the 'lm' preset: perplexity is the metric
-    sharp = getattr(exp, "name", "") == "head_count_sharp"  # D-retrieval: Vaswani et al.'s numbers do not apply
-    shown = "test_loss" if lm else "test_exact_match"
+    sharp = getattr(exp, "name", "").startswith("head_count_sharp")  # D-retrieval: Vaswani et al.'s do not apply
+    shown = "test_loss" if lm else "test_accuracy" if sharp else "test_exact_match"
     body, series, status = [], {}, []
     for variant, g, state in every_variant(rows):
         ov = exp.variants.get(variant, {})
@@ -219,13 +227,14 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
                      mean_std(perplexity, 3),
                      mean_std(column(g, "steps_per_sec"), 1), "–" if paper is None else f"{paper[0]} / {paper[1]}"])
         family = variant.split("-")[0]
-        if family in ("A", "B") and g:
-            x, ys = series.setdefault(f"{family}: " + ("d_k = d_model / h" if family == "A" else f"d_k = {dk}"),
-                                      ([], []))
+        if (family in ("A", "B") or family[:1] == "D") and g:
+            label = ("d_k = d_model / h" if family == "A" else f"d_k = {dk}" if family == "B"
+                     else f"D = {family[1:]} lookups, d_model 64")
+            x, ys = series.setdefault(f"{family}: {label}", ([], []))
             x.append(h)
             ys.append([math.exp(v) for v in column(g, shown)] if lm else column(g, shown))
     errorbar_plot(os.path.join(out_dir, "head_count.png"), series, "heads h",
-                  "test perplexity" if lm else "test exact match", "head count")
+                  "test perplexity" if lm else "read-out accuracy" if sharp else "test exact match", "head count")
     header = ["variant", "h", "d_k", "kv heads", "params", "BLEU", "exact match", "token accuracy", "PPL", "steps/s",
               "Vaswani PPL / BLEU"]
     rows_b = ", ".join(f"d_k {dk} -> {VASWANI_TABLE3[8, dk][0]} / {VASWANI_TABLE3[8, dk][1]}" for dk in (16, 32))
