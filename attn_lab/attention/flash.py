@@ -308,7 +308,7 @@ def check_compiles(tile: int, head_dim: int, heads: int, kv_heads: int, dtype: s
     fallback to another path). Cached: one check per configuration and process."""
     from attn_lab.attention.block_mask import create_block_mask
 
-    mask = create_block_mask(lambda q, k: q >= 0, 2 * tile, tile)
+    mask = create_block_mask(lambda q, k: (q >= 0) & (k >= 0), 2 * tile, tile)  # every tile full
     shape = (1, 2 * tile, heads, head_dim)
     q = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
     kv = jax.ShapeDtypeStruct((1, 2 * tile, kv_heads, head_dim), jnp.dtype(dtype))
