@@ -337,7 +337,7 @@ def test_describe_dispatch_is_one_line_per_model():
     assert describe_dispatch(bigbird).startswith("attention: encoder_self=bigbird/xla, ")
     fused = _model(dtype="bfloat16", kinds={"encoder_self": {"attention": "local"}})
     fused.encoder.blocks[0].self_attn.kernel.implementation = "fused_interpret"  # the line names tile and why
-    assert describe_dispatch(fused).startswith("attention: encoder_self=local/fused_interpret[tile 64, head dim 16 "
-                                               "bfloat16: 2 stages each, within 227 KiB], ")
+    assert describe_dispatch(fused).startswith("attention: encoder_self=local/fused_interpret[block 64, head dim 16 "
+                                               "bfloat16: forward 64x2, dq 64x2, dkdv 64x2 within 227 KiB], ")
     dropout = describe_dispatch(_model("classification", attention_dropout=0.1))
     assert dropout == "attention: encoder_self=dense/explicit(train)+xla(eval) (backend cpu)"

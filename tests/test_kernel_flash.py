@@ -28,14 +28,19 @@ from tests.test_kernels_sparse import CONFIGS, _reference_mask
 
 
 def naive(q, k, v, allowed, key_valid=None):
-    """Softmax attention written out: ``allowed [T, T]`` excludes keys, padding sets the logit to NEG (float32)."""
+    """Softmax attention written out: ``allowed [T, T]`` excludes keys, padding sets the logit to NEG (float32,
+    matmuls at precision 'highest' whatever the test's default)."""
     group = q.shape[2] // k.shape[2]
     k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
-    s = jnp.einsum("bqnh,bknh->bnqk", q.astype(jnp.float32), k.astype(jnp.float32)) / np.sqrt(q.shape[-1])
+    s = jnp.einsum("bqnh,bknh->bnqk", q.astype(jnp.float32), k.astype(jnp.float32),
+                   precision="highest") / np.sqrt(q.shape[-1])
     if key_valid is not None:
         s = jnp.where(key_valid[:, None, None, :], s, NEG)
     s = jnp.where(allowed, s, -jnp.inf)
-    return jnp.einsum("bnqk,bknh->bqnh", jax.nn.softmax(s, axis=-1), v.astype(jnp.float32))
+    m = jax.lax.stop_gradient(s.max(axis=-1, keepdims=True))
+    p = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))  # softmax over the pattern's keys, written out
+    p = p / p.sum(axis=-1, keepdims=True)
+    return jnp.einsum("bnqk,bknh->bqnh", p, v.astype(jnp.float32), precision="highest")
 
 
 def band(t, window, causal):
@@ -280,6 +285,23 @@ def test_each_pattern_lowers_to_triton_with_its_default_tiles(name):
     assert text.count("__gpu$xla.gpu.triton") == 3
 
 
+def test_kernels_walking_a_block_in_smaller_tiles_lower_to_triton():
+    """Head dim 128 in bf16 at block 128: the tile rule walks each block in 64-wide tiles (2-D slices of the token
+    masks at a dynamic row and column); a forced 16-wide tile at 3 stages lowers too."""
+    from attn_lab.attention.tiles import fused_tile
+
+    assert fused_tile(128, 128, jnp.bfloat16).tiles == (64, 64, 64)
+    mask = create_block_mask(lambda q, k: np.abs(q - k) <= 100, 300, 128, is_causal=True)
+    text = _lower_for_h200(_fwd_bwd(mask), *_shapes(300, h=128))
+    assert text.count("__gpu$xla.gpu.triton") == 3
+
+    def forced(q, k, v, valid):
+        loss = lambda *x: block_sparse_flash(*x, mask, key_valid=valid, tile=16,  # noqa: E731
+                                             stages=3).astype(jnp.float32).sum()
+        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    assert _lower_for_h200(forced, *_shapes(300)).count("__gpu$xla.gpu.triton") == 3
+
+
 def test_vmapped_seeds_run_the_same_kernel():
     """``--vmap-seeds`` maps the whole step over seeds: the kernel under vmap equals it per seed (value and
     gradient), and the vmapped program still lowers to the three Triton kernels."""
@@ -294,13 +316,19 @@ def test_vmapped_seeds_run_the_same_kernel():
 
 
 def test_a_tile_triton_cannot_compile_fails_its_lowering(monkeypatch):
-    """The rule check_block_size enforces is Triton's: a 48-wide tile does not lower (interpret mode would run)."""
+    """The rule check_block_size enforces is Triton's: a 48-wide tile does not lower (interpret mode would run);
+    left to itself the tile rule walks a 48-wide block in 16-wide tiles, so the tile is forced here."""
     import attn_lab.attention.block_mask as block_mask
 
     monkeypatch.setattr(block_mask, "check_block_size", lambda value, name=None: value)
     mask = block_mask.create_block_mask(lambda q, k: np.abs(q - k) <= 20, 96, 48)
+
+    def forced(q, k, v, valid):
+        loss = lambda *x: block_sparse_flash(*x, mask, key_valid=valid, tile=48,  # noqa: E731
+                                             stages=1).astype(jnp.float32).sum()
+        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
     with pytest.raises(ValueError, match="power of 2"):
-        _lower_for_h200(_fwd_bwd(mask), *_shapes(96))
+        _lower_for_h200(forced, *_shapes(96))
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="compiles the Triton kernels: needs a CUDA GPU")
@@ -368,6 +396,27 @@ def test_full_tiles_skip_their_token_mask(monkeypatch):
         _close(got, want, 1e-5)
 
 
+@pytest.mark.parametrize("tile", [16, 32])
+def test_kernels_walking_a_block_in_smaller_tiles_match_naive_attention(tile):
+    """What the tile rule does at large head dims, forced here at a small one: each kernel walks 64-wide blocks in
+    16- or 32-wide tiles (partial and full blocks, padding, causal, grouped-query heads); outputs and gradients
+    equal naive attention's and the whole-block kernels'."""
+    t = 150
+    bm = create_block_mask(lambda q, k: np.abs(q - k) <= 70, t, 64, is_causal=True)
+    assert (~bm.tiles.all(axis=(1, 2))).any() and bm.tiles.all(axis=(1, 2)).any()
+    q, k, v = split_qkv(2, t, t, 4, 2, 16)
+    valid = _padding(2, t)
+    allowed = jnp.asarray(bm.dense())
+    fused = lambda *x: block_sparse_flash(*x, bm, key_valid=valid, interpret=True, tile=tile, stages=1)  # noqa
+    whole = lambda *x: block_sparse_flash(*x, bm, key_valid=valid, interpret=True)  # noqa: E731
+    ref = lambda *x: naive(*x, allowed, valid)  # noqa: E731
+    _close(fused(q, k, v), ref(q, k, v), 1e-5)
+    _close(fused(q, k, v), whole(q, k, v), 1e-6)
+    for got, want, blockwise in zip(_grads(fused, q, k, v), _grads(ref, q, k, v), _grads(whole, q, k, v)):
+        _close(got, want, 1e-5)
+        _close(got, blockwise, 1e-5)
+
+
 def test_csr_lists_hold_the_padded_lists_in_o_of_active_tiles():
     """BigBird at 64K tokens (its global blocks see every block): the padded ``[nb, max]`` lists are O(blocks^2),
     the CSR lists the kernel embeds are O(active tiles); they hold the same blocks in the same order."""
@@ -416,5 +465,41 @@ def test_a_fused_compile_failure_is_one_line_naming_tile_head_dim_and_dtype():
     with pytest.raises(ValueError) as info:
         flash.check_compiles(32, 64, 4, 2, "bfloat16", True)
     text = str(info.value)
-    assert text.startswith("fused kernel: tile 32, head dim 64, bfloat16 failed to compile (") and "\n" not in text
+    assert text.startswith("fused kernel: tile 32, head dim 64, bfloat16 failed to compile (forward 32x2, dq 32x2, "
+                           "dkdv 32x2; ") and "\n" not in text
     assert text.endswith("set implementation to the XLA path (e.g. 'blockwise') or another fused_block_size")
+
+
+def test_the_compile_check_runs_once_per_configuration_and_never_falls_back(monkeypatch):
+    """A Triton failure (stubbed: the compile raises a multi-line error) is one line naming tile, head dim and dtype
+    and the per-kernel launch; the check is cached per configuration, and the path raises instead of running
+    another implementation."""
+    import attn_lab.attention.flash as flash
+
+    calls = []
+
+    def fail(fn, *args):
+        calls.append(args[0].shape)
+        raise RuntimeError("out of resources: shared memory, Required: 262144, Hardware limit: 232448\ntraceback")
+    monkeypatch.setattr(flash, "_compile", fail)
+    flash.check_compiles.cache_clear()
+    for _ in range(2):
+        with pytest.raises(ValueError) as info:
+            flash.check_compiles(128, 128, 4, 4, "bfloat16", False)
+        assert str(info.value) == (
+            "fused kernel: tile 128, head dim 128, bfloat16 failed to compile (forward 64x2, dq 64x2, dkdv 64x2; "
+            "RuntimeError: out of resources: shared memory, Required: 262144, Hardware limit: 232448); set "
+            "implementation to the XLA path (e.g. 'blockwise') or another fused_block_size")
+    assert len(calls) == 2  # lru_cache keeps results, not exceptions: a failed check is re-run, still one line
+    monkeypatch.setattr(flash, "_compile", lambda fn, *args: calls.append("ok"))
+    flash.check_compiles.cache_clear()
+    flash.check_compiles(64, 64, 2, 2, "float32", True)
+    flash.check_compiles(64, 64, 2, 2, "float32", True)
+    assert calls[2:] == ["ok"]  # compiled once for this configuration
+    mask = create_block_mask(lambda q, k: np.abs(q - k) <= 4, 32, 16)
+    q, k, v = split_qkv(1, 32, 32, 1, 1, 8)
+    monkeypatch.setattr(flash, "_compile", fail)
+    flash.check_compiles.cache_clear()
+    with pytest.raises(ValueError, match="^fused kernel: tile 16, head dim 8, float32 failed to compile"):
+        flash.fused_path("fused", q, k, v, mask, None)
+    flash.check_compiles.cache_clear()

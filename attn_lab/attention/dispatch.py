@@ -272,8 +272,8 @@ def _kind_label(attn: Any, call: dict[str, Any], backend: str, max_head_dim: int
 
 
 def fused_note(kernel: Any, head_dim: int, dtype: Any) -> str:
-    """``'[tile 64, head dim 64 bfloat16: 2 stages each, within 227 KiB]'``: the tile rule's launch of a fused
-    kernel (:func:`attn_lab.attention.tiles.fused_plan`), or the rule's refusal."""
+    """``'[block 128, head dim 128 bfloat16: forward 64x2 (128x2: 256 KiB), ...]'``: which tile x stages each
+    fused kernel runs and why (:func:`attn_lab.attention.tiles.fused_tile`), or the rule's refusal."""
     tile = getattr(kernel, "fused_block_size", None) or kernel.default_fused_block()
     try:
         return f"[{fused_plan(tile, head_dim, dtype).why}]"

@@ -33,12 +33,12 @@ from jax.experimental.pallas import triton as plgpu
 
 from attn_lab.attention.block_mask import BlockMask
 from attn_lab.attention.dense import NEG
-from attn_lab.attention.tiles import Plan, fused_plan, padded_head_dim
+from attn_lab.attention.tiles import Plan, forced_plan, fused_tile, padded_head_dim
 
 
-def num_warps(block_size: int) -> int:
+def num_warps(tile: int) -> int:
     """Warps per program: 4 for tiles up to 64, 8 for 128 (as jax's own Pallas flash attention chooses)."""
-    return 8 if block_size >= 128 else 4
+    return 8 if tile >= 128 else 4
 
 
 def _dot(a: jax.Array, b: jax.Array, trans_a: bool = False, trans_b: bool = False) -> jax.Array:
@@ -48,47 +48,60 @@ def _dot(a: jax.Array, b: jax.Array, trans_a: bool = False, trans_b: bool = Fals
     return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
-def _scores(q, k, tiles, tile_id, visible, scale):
-    """``[bs, bs]`` float32 logits of one tile: excluded keys ``-inf``, padded keys ``NEG``. ``tiles`` is
-    ``(full_ref, tiles_ref)``: a full tile (every query sees every key) skips loading and applying its token mask."""
-    s = _dot(q, k, trans_b=True) * scale  # (bs, bs) float32
+def _scores(q, k, tiles, where, visible, scale):
+    """``[tq, tk]`` float32 logits of one tile: excluded keys ``-inf``, padded keys ``NEG``. ``tiles`` is
+    ``(full_ref, tiles_ref)`` and ``where`` ``(tile id, query row, key column)`` of this tile inside its block's
+    token mask: a full block (every query sees every key) skips loading and applying its token mask."""
+    s = _dot(q, k, trans_b=True) * scale  # (tq, tk) float32
     if visible is not None:
         s = jnp.where(visible[None, :], s, NEG)
     full_ref, tiles_ref = tiles
-    bs = s.shape[0]
+    tile_id, row, col = where
+    bs = tiles_ref.shape[1]
 
     def masked(s):
-        return jnp.where(tiles_ref[pl.ds(tile_id * bs, bs), :] != 0, s, -jnp.inf)
+        return jnp.where(tiles_ref[pl.ds(tile_id * bs + row, s.shape[0]), pl.ds(col, s.shape[1])] != 0, s, -jnp.inf)
     return jax.lax.cond(full_ref[tile_id] != 0, lambda s: s, masked, s)
 
 
-def _visible(valid_ref, block, bs):
-    return None if valid_ref is None else valid_ref[pl.ds(block * bs, bs)] != 0  # (bs,) bool
+def _visible(valid_ref, start, size):
+    return None if valid_ref is None else valid_ref[pl.ds(start, size)] != 0  # (size,) bool
+
+
+def _step(j, idx_ref, bs, t):
+    """Loop step ``j`` over a block's CSR list walked in ``t``-wide tiles: ``(list entry, other block, offset of
+    the tile inside it)``; a block is ``bs // t`` tiles wide."""
+    r = bs // t
+    entry = j // r
+    return entry, idx_ref[entry], (j % r) * t
 
 
 def _forward_kernel(off_ref, idx_ref, tid_ref, full_ref, tiles_ref, q_ref, k_ref, v_ref, valid_ref, o_ref, m_ref,
-                    l_ref, *, bs: int, scale: float):
-    """One query block: online softmax over its active key blocks (the CSR list ``off[qb]:off[qb + 1]``)."""
-    qb = pl.program_id(2)
-    q = q_ref[...]  # (bs, Hp)
+                    l_ref, *, bs: int, t: int, scale: float):
+    """One query tile: online softmax over the key tiles of its block's active key blocks (the CSR list
+    ``off[qb]:off[qb + 1]``, each block walked in ``t``-wide tiles)."""
+    i, r = pl.program_id(2), bs // t
+    qb, row = i // r, (i % r) * t  # the query block, this tile's first row inside it
+    q = q_ref[...]  # (t, Hp)
     hp = q.shape[-1]
 
     def body(j, carry):
-        acc, m, l = carry  # (bs, Hp), (bs,), (bs,)
-        kb = idx_ref[j]
-        k = k_ref[pl.ds(kb * bs, bs), :]  # (bs, Hp)
-        v = v_ref[pl.ds(kb * bs, bs), :]  # (bs, Hp)
-        s = _scores(q, k, (full_ref, tiles_ref), tid_ref[j], _visible(valid_ref, kb, bs), scale)
+        acc, m, l = carry  # (t, Hp), (t,), (t,)
+        entry, kb, col = _step(j, idx_ref, bs, t)
+        keys = pl.ds(kb * bs + col, t)
+        k, v = k_ref[keys, :], v_ref[keys, :]  # (t, Hp) each
+        s = _scores(q, k, (full_ref, tiles_ref), (tid_ref[entry], row, col), _visible(valid_ref, kb * bs + col, t),
+                    scale)
         m_new = jnp.maximum(m, s.max(axis=-1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a row with nothing allowed yet
         alpha = jnp.exp(m - m_safe)
-        p = jnp.exp(s - m_safe[:, None])  # (bs, bs); excluded keys: exactly 0
+        p = jnp.exp(s - m_safe[:, None])  # (t, t); excluded keys: exactly 0
         l = alpha * l + p.sum(axis=-1)
         acc = alpha[:, None] * acc + _dot(p.astype(v.dtype), v)
         return acc, m_new, l
 
-    init = (jnp.zeros((bs, hp), jnp.float32), jnp.full((bs,), -jnp.inf, jnp.float32), jnp.zeros((bs,), jnp.float32))
-    acc, m, l = jax.lax.fori_loop(off_ref[qb], off_ref[qb + 1], body, init)
+    init = (jnp.zeros((t, hp), jnp.float32), jnp.full((t,), -jnp.inf, jnp.float32), jnp.zeros((t,), jnp.float32))
+    acc, m, l = jax.lax.fori_loop(off_ref[qb] * r, off_ref[qb + 1] * r, body, init)
     l_safe = jnp.where(l > 0.0, l, 1.0)  # a row with no key at all (block filler): output 0
     o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
     # The row max and the row sum, saved apart (as tokamax does): their logsumexp ``m + log l`` rounds to ``m``
@@ -97,12 +110,12 @@ def _forward_kernel(off_ref, idx_ref, tid_ref, full_ref, tiles_ref, q_ref, k_ref
     l_ref[...] = l_safe
 
 
-def _probs_and_ds(q, k, v, do, m, l, delta, tiles, tile_id, visible, scale):
-    """Recomputed probabilities ``p = exp(s - m) / l`` and logit gradients ``ds`` of one tile (``[bs, bs]``
+def _probs_and_ds(q, k, v, do, m, l, delta, tiles, where, visible, scale):
+    """Recomputed probabilities ``p = exp(s - m) / l`` and logit gradients ``ds`` of one tile (``[tq, tk]``
     float32 each)."""
-    s = _scores(q, k, tiles, tile_id, visible, scale)
+    s = _scores(q, k, tiles, where, visible, scale)
     p = jnp.exp(s - m[:, None]) / l[:, None]  # excluded keys: 0
-    dp = _dot(do, v, trans_b=True)  # (bs, bs)
+    dp = _dot(do, v, trans_b=True)  # (tq, tk)
     ds = p * (dp - delta[:, None])
     if visible is not None:  # a padded key's logit is the constant NEG: no gradient reaches q or k
         ds = jnp.where(visible[None, :], ds, 0.0)
@@ -110,44 +123,47 @@ def _probs_and_ds(q, k, v, do, m, l, delta, tiles, tile_id, visible, scale):
 
 
 def _dq_kernel(off_ref, idx_ref, tid_ref, full_ref, tiles_ref, q_ref, k_ref, v_ref, valid_ref, do_ref, m_ref, l_ref,
-               delta_ref, dq_ref, *, bs: int, scale: float):
-    """dQ of one query block, over its active key blocks."""
-    qb = pl.program_id(2)
-    q, do = q_ref[...], do_ref[...]  # (bs, Hp) each
-    m, l, delta = m_ref[...], l_ref[...], delta_ref[...]  # (bs,) each
+               delta_ref, dq_ref, *, bs: int, t: int, scale: float):
+    """dQ of one query tile, over the key tiles of its block's active key blocks."""
+    i, r = pl.program_id(2), bs // t
+    qb, row = i // r, (i % r) * t
+    q, do = q_ref[...], do_ref[...]  # (t, Hp) each
+    m, l, delta = m_ref[...], l_ref[...], delta_ref[...]  # (t,) each
 
     def body(j, dq):
-        kb = idx_ref[j]
-        k = k_ref[pl.ds(kb * bs, bs), :]
-        v = v_ref[pl.ds(kb * bs, bs), :]
-        _, ds = _probs_and_ds(q, k, v, do, m, l, delta, (full_ref, tiles_ref), tid_ref[j],
-                              _visible(valid_ref, kb, bs), scale)
+        entry, kb, col = _step(j, idx_ref, bs, t)
+        keys = pl.ds(kb * bs + col, t)
+        k, v = k_ref[keys, :], v_ref[keys, :]
+        _, ds = _probs_and_ds(q, k, v, do, m, l, delta, (full_ref, tiles_ref), (tid_ref[entry], row, col),
+                              _visible(valid_ref, kb * bs + col, t), scale)
         return dq + _dot(ds.astype(k.dtype), k)
 
-    dq = jax.lax.fori_loop(off_ref[qb], off_ref[qb + 1], body, jnp.zeros(q.shape, jnp.float32))
+    dq = jax.lax.fori_loop(off_ref[qb] * r, off_ref[qb + 1] * r, body, jnp.zeros(q.shape, jnp.float32))
     dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
 def _dkdv_kernel(off_ref, idx_ref, tid_ref, full_ref, tiles_ref, q_ref, k_ref, v_ref, valid_ref, do_ref, m_ref,
-                 l_ref, delta_ref, dk_ref, dv_ref, *, bs: int, scale: float):
-    """dK and dV of one key block (for one query head), over the query blocks that see it."""
-    kb = pl.program_id(2)
-    k, v = k_ref[...], v_ref[...]  # (bs, Hp) each
-    visible = _visible(valid_ref, kb, bs)
+                 l_ref, delta_ref, dk_ref, dv_ref, *, bs: int, t: int, scale: float):
+    """dK and dV of one key tile (for one query head), over the query tiles of the query blocks that see its
+    block."""
+    i, r = pl.program_id(2), bs // t
+    kb, col = i // r, (i % r) * t  # the key block, this tile's first column inside it
+    k, v = k_ref[...], v_ref[...]  # (t, Hp) each
+    visible = _visible(valid_ref, kb * bs + col, t)
 
     def body(j, carry):
         dk, dv = carry
-        qb = idx_ref[j]
-        rows = pl.ds(qb * bs, bs)
-        q, do = q_ref[rows, :], do_ref[rows, :]  # (bs, Hp) each
+        entry, qb, row = _step(j, idx_ref, bs, t)
+        rows = pl.ds(qb * bs + row, t)
+        q, do = q_ref[rows, :], do_ref[rows, :]  # (t, Hp) each
         p, ds = _probs_and_ds(q, k, v, do, m_ref[rows], l_ref[rows], delta_ref[rows], (full_ref, tiles_ref),
-                              tid_ref[j], visible, scale)
+                              (tid_ref[entry], row, col), visible, scale)
         dv = dv + _dot(p.astype(do.dtype), do, trans_a=True)
         dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
         return dk, dv
 
     zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = jax.lax.fori_loop(off_ref[kb], off_ref[kb + 1], body, (zeros, zeros))
+    dk, dv = jax.lax.fori_loop(off_ref[kb] * r, off_ref[kb + 1] * r, body, (zeros, zeros))
     dk_ref[...], dv_ref[...] = dk.astype(dk_ref.dtype), dv.astype(dv_ref.dtype)
 
 
@@ -156,15 +172,15 @@ def _whole(x: np.ndarray | jax.Array) -> pl.BlockSpec:
     return pl.BlockSpec(x.shape, lambda *_: (0,) * len(x.shape))
 
 
-def _block_specs(bs: int, t_pad: int, hp: int, group: int) -> dict[str, pl.BlockSpec]:
-    """The BlockSpecs over the grid ``(batch b, query head n, block i)``: one block of a program's own rows
+def _block_specs(t: int, t_pad: int, hp: int, group: int) -> dict[str, pl.BlockSpec]:
+    """The BlockSpecs over the grid ``(batch b, query head n, tile i)``: the ``t`` rows of a program's own tile
     (``*_block``) or the whole sequence, which its loop slices (``*_whole``); k/v read kv head ``n // group``."""
     return {
-        "q_block": pl.BlockSpec((None, bs, None, hp), lambda b, n, i: (b, i, n, 0)),
+        "q_block": pl.BlockSpec((None, t, None, hp), lambda b, n, i: (b, i, n, 0)),
         "q_whole": pl.BlockSpec((None, t_pad, None, hp), lambda b, n, i: (b, 0, n, 0)),
-        "kv_block": pl.BlockSpec((None, bs, None, hp), lambda b, n, i: (b, i, n // group, 0)),
+        "kv_block": pl.BlockSpec((None, t, None, hp), lambda b, n, i: (b, i, n // group, 0)),
         "kv_whole": pl.BlockSpec((None, t_pad, None, hp), lambda b, n, i: (b, 0, n // group, 0)),
-        "rows_block": pl.BlockSpec((None, None, bs), lambda b, n, i: (b, n, i)),
+        "rows_block": pl.BlockSpec((None, None, t), lambda b, n, i: (b, n, i)),
         "rows_whole": pl.BlockSpec((None, None, t_pad), lambda b, n, i: (b, n, 0)),
         "valid": pl.BlockSpec((None, t_pad), lambda b, n, i: (b, 0)),
     }
@@ -176,14 +192,18 @@ def _inputs(lists, tiles, valid, q_spec, kv_spec, specs) -> list[pl.BlockSpec | 
                                                     None if valid is None else specs["valid"]]
 
 
-def _call(kernel, grid, in_specs, out_specs, out_shape, bs, stages, interpret, name):
-    return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-                          compiler_params=plgpu.CompilerParams(num_warps=num_warps(bs), num_stages=stages),
+def _call(kernel, bs, tile_stages, grid, in_specs, out_specs, out_shape, interpret, name):
+    """``pallas_call`` of ``kernel`` at its ``(tile, stages)``: the grid's last axis walks the blocks in tiles."""
+    t, stages = tile_stages
+    b, n, nb = grid
+    return pl.pallas_call(functools.partial(kernel, bs=bs, t=t), grid=(b, n, nb * (bs // t)), in_specs=in_specs,
+                          out_specs=out_specs, out_shape=out_shape,
+                          compiler_params=plgpu.CompilerParams(num_warps=num_warps(t), num_stages=stages),
                           interpret=interpret, name=name)
 
 
 def _mask_arrays(mask: BlockMask):
-    """The block mask as device arrays: the CSR lists per query block and per key block (offsets, blocks, tile
+    """The block mask as kernel operands: the CSR lists per query block and per key block (offsets, blocks, tile
     ids: O(active tiles), not O(blocks^2)), and the tiles as (full flag per tile, token masks ``[U * bs, bs]``)."""
     kv = tuple(jnp.asarray(a) for a in mask.ragged("kv"))
     qs = tuple(jnp.asarray(a) for a in mask.ragged("q"))
@@ -195,35 +215,36 @@ def _mask_arrays(mask: BlockMask):
 def _forward(q, k, v, valid, mask: BlockMask, scale: float, plan: Plan, interpret: bool):
     """``q [B, Tp, N, Hp]``, ``k, v [B, Tp, K, Hp]`` -> ``(out [B, Tp, N, Hp], m [B, N, Tp], l [B, N, Tp])``."""
     b, t_pad, n, hp = q.shape
-    bs = mask.block_size
-    specs = _block_specs(bs, t_pad, hp, n // k.shape[2])
+    bs, (t, _) = mask.block_size, plan.of("forward")
+    specs = _block_specs(t, t_pad, hp, n // k.shape[2])
     kv, _, tiles = _mask_arrays(mask)
     rows = jax.ShapeDtypeStruct((b, n, t_pad), jnp.float32)
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), rows, rows]
-    return _call(functools.partial(_forward_kernel, bs=bs, scale=scale), (b, n, mask.num_blocks),
+    return _call(functools.partial(_forward_kernel, scale=scale), bs, plan.of("forward"), (b, n, mask.num_blocks),
                  _inputs(kv, tiles, valid, specs["q_block"], specs["kv_whole"], specs),
-                 [specs["q_block"], specs["rows_block"], specs["rows_block"]], out_shape, bs,
-                 plan.of("forward"), interpret, "block_sparse_flash_fwd")(*kv, *tiles, q, k, v, valid)
+                 [specs["q_block"], specs["rows_block"], specs["rows_block"]], out_shape, interpret,
+                 "block_sparse_flash_fwd")(*kv, *tiles, q, k, v, valid)
 
 
 def _backward(q, k, v, valid, out, m, l, do, mask: BlockMask, scale: float, plan: Plan, interpret: bool):
     """``(dq, dk, dv)`` of the padded inputs; dk/dv summed over each group of query heads."""
     b, t_pad, n, hp = q.shape
     bs, kh = mask.block_size, k.shape[2]
-    specs = _block_specs(bs, t_pad, hp, n // kh)
     kv, qs, tiles = _mask_arrays(mask)
     delta = jnp.einsum("btnh,btnh->bnt", out.astype(jnp.float32), do.astype(jnp.float32))  # (B, N, Tp)
     grid = (b, n, mask.num_blocks)
+    specs = _block_specs(plan.of("dq")[0], t_pad, hp, n // kh)
     dq_in = _inputs(kv, tiles, valid, specs["q_block"], specs["kv_whole"], specs)
-    dq_in += [specs["q_block"]] + [specs["rows_block"]] * 3  # dO, m, l, delta of this query block
-    dq = _call(functools.partial(_dq_kernel, bs=bs, scale=scale), grid, dq_in, specs["q_block"],
-               jax.ShapeDtypeStruct(q.shape, q.dtype), bs, plan.of("dq"), interpret, "block_sparse_flash_dq")(
+    dq_in += [specs["q_block"]] + [specs["rows_block"]] * 3  # dO, m, l, delta of this query tile
+    dq = _call(functools.partial(_dq_kernel, scale=scale), bs, plan.of("dq"), grid, dq_in, specs["q_block"],
+               jax.ShapeDtypeStruct(q.shape, q.dtype), interpret, "block_sparse_flash_dq")(
         *kv, *tiles, q, k, v, valid, do, m, l, delta)
+    specs = _block_specs(plan.of("dkdv")[0], t_pad, hp, n // kh)
     dkv_in = _inputs(qs, tiles, valid, specs["q_whole"], specs["kv_block"], specs)
-    dkv_in += [specs["q_whole"]] + [specs["rows_whole"]] * 3  # the loop slices the query blocks
+    dkv_in += [specs["q_whole"]] + [specs["rows_whole"]] * 3  # the loop slices the query tiles
     per_head = jax.ShapeDtypeStruct((b, t_pad, n, hp), jnp.float32)  # summed over each group below
-    dk, dv = _call(functools.partial(_dkdv_kernel, bs=bs, scale=scale), grid, dkv_in,
-                   [specs["q_block"], specs["q_block"]], [per_head, per_head], bs, plan.of("dkdv"), interpret,
+    dk, dv = _call(functools.partial(_dkdv_kernel, scale=scale), bs, plan.of("dkdv"), grid, dkv_in,
+                   [specs["q_block"], specs["q_block"]], [per_head, per_head], interpret,
                    "block_sparse_flash_dkdv")(*qs, *tiles, q, k, v, valid, do, m, l, delta)
     group = n // kh
     dk = dk.reshape(b, t_pad, kh, group, hp).sum(3).astype(k.dtype)  # (B, Tp, K, Hp)
@@ -255,9 +276,9 @@ def _pad(x: jax.Array, t_pad: int, hp: int) -> jax.Array:
     return jnp.pad(x, ((0, 0), (0, t_pad - x.shape[1]), (0, 0), (0, hp - x.shape[3])))
 
 
-@functools.partial(jax.jit, static_argnames=("mask", "interpret", "stages"))
+@functools.partial(jax.jit, static_argnames=("mask", "interpret", "tile", "stages"))
 def block_sparse_flash(query: jax.Array, key: jax.Array, value: jax.Array, mask: BlockMask, *,
-                       key_valid: jax.Array | None = None, interpret: bool = False,
+                       key_valid: jax.Array | None = None, interpret: bool = False, tile: int | None = None,
                        stages: int | None = None) -> jax.Array:
     """Exact softmax attention restricted to ``mask``'s pattern, fused: ``[B, T, N, H]`` x ``[B, T, K, H]``.
 
@@ -268,8 +289,9 @@ def block_sparse_flash(query: jax.Array, key: jax.Array, value: jax.Array, mask:
       key_valid: ``[B, T]`` key-padding vector (False masks a key out) or None.
       interpret: run the kernels as jax operations (any backend; for tests), instead of compiling them for a
         CUDA GPU through Triton.
-      stages: pipeline stages of every kernel (the device check's compile matrix); None: the tile rule's
-        (:func:`~attn_lab.attention.tiles.fused_plan`), which also refuses a tile beyond shared memory.
+      tile, stages: every kernel's tile (dividing the mask's block) and pipeline stages, both set (the device
+        check's compile matrix; still refused beyond shared memory, :func:`~attn_lab.attention.tiles.forced_plan`);
+        None: the tile rule's per kernel (:func:`~attn_lab.attention.tiles.fused_tile`).
 
     Returns:
       ``[B, T, N, H]`` in the query dtype. Differentiable in query, key and value (fused backward).
@@ -279,9 +301,10 @@ def block_sparse_flash(query: jax.Array, key: jax.Array, value: jax.Array, mask:
         raise ValueError(f"block-sparse flash attention is self-attention: query length {t}, key length "
                          f"{key.shape[1]}, block mask length {mask.length}")
     t_pad, hp = mask.num_blocks * mask.block_size, padded_head_dim(h)
-    plan = fused_plan(mask.block_size, h, query.dtype)
-    if stages is not None:
-        plan = Plan(plan.tile, (stages,) * 3, f"{stages} stages (set)")
+    if (tile is None) != (stages is None):
+        raise ValueError("block_sparse_flash: set both tile and stages, or neither (the tile rule's)")
+    plan = (fused_tile(mask.block_size, h, query.dtype) if tile is None
+            else forced_plan(mask.block_size, tile, stages, h, query.dtype))
     valid = None
     if key_valid is not None:
         valid = jnp.pad(jnp.broadcast_to(key_valid, (b, t)).astype(jnp.int8), ((0, 0), (0, t_pad - t)))
@@ -303,11 +326,13 @@ def fused_path(path: str, query: jax.Array, key: jax.Array, value: jax.Array, ma
 
 @functools.lru_cache(maxsize=None)
 def check_compiles(tile: int, head_dim: int, heads: int, kv_heads: int, dtype: str, padded: bool) -> None:
-    """Compiles the fused forward and backward once for this launch configuration (two tiles of a full pattern),
-    turning a Triton or Pallas failure into one ValueError naming the tile, head dim and dtype (never a silent
-    fallback to another path). Cached: one check per configuration and process."""
+    """Compiles the fused forward and backward once for this launch configuration (two blocks of ``tile`` of a
+    full pattern, each kernel at the tile rule's tile), turning a Triton or Pallas failure into one ValueError
+    naming the tile, head dim and dtype (never a silent fallback to another path). Cached: one check per
+    configuration and process."""
     from attn_lab.attention.block_mask import create_block_mask
 
+    plan = fused_tile(tile, head_dim, jnp.dtype(dtype))  # the rule's own one-line refusal, if any
     mask = create_block_mask(lambda q, k: (q >= 0) & (k >= 0), 2 * tile, tile)  # every tile full
     shape = (1, 2 * tile, heads, head_dim)
     q = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
@@ -317,11 +342,14 @@ def check_compiles(tile: int, head_dim: int, heads: int, kv_heads: int, dtype: s
     def loss(q, k, v, valid):
         return block_sparse_flash(q, k, v, mask, key_valid=valid).astype(jnp.float32).sum()
     try:
-        jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv, valid).compile()
+        _compile(jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))), q, kv, kv, valid)
     except Exception as e:  # noqa: BLE001 (Triton and Mosaic raise their own types)
-        if isinstance(e, ValueError) and str(e).startswith("fused kernel:"):  # the tile rule's own line
-            raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ValueError(f"fused kernel: tile {tile}, head dim {head_dim}, {dtype} failed to compile "
-                         f"({type(e).__name__}: {first}); set implementation to the XLA path (e.g. 'blockwise') "
-                         "or another fused_block_size") from None
+                         f"({plan.launch()}; {type(e).__name__}: {first}); set implementation to the XLA path "
+                         "(e.g. 'blockwise') or another fused_block_size") from None
+
+
+def _compile(fn, *args) -> None:
+    """Lowers and compiles ``fn`` at ``args`` (apart, so a test can make it fail)."""
+    fn.lower(*args).compile()

@@ -163,7 +163,8 @@ class LocalAttention(AttentionKernel):
         ('fused' once it passed a GPU check: dispatch.FUSED_BY_DEFAULT).
         The band maps to ``jax.nn.dot_product_attention``'s ``local_window_size`` as :func:`reach` says:
         causal ``(w - 1, 0)`` with ``is_causal`` (cuDNN's ``sliding_window_length = w``).
-      fused_block_size: tile of the fused kernel, one of 16, 32, 64 (default), 128 (Triton's rule).
+      fused_block_size: block of the fused kernel's block mask, one of 16, 32, 64 (default), 128 (Triton's rule);
+        each fused kernel walks it in the largest tile that fits (:mod:`attn_lab.attention.tiles`).
 
     Self-attention only (query i and key i are the same position), key-padding masks only, no KV-cache decoding
     and no attention dropout. ``need_weights`` returns the dense band matrix and the output computed from it, so
