@@ -1,12 +1,14 @@
 """The first GPU check of the fused block-sparse flash kernels: a compile matrix, then 16K-token timings; one report.
 
   python scripts/fused_check.py --out fused.json            # on a CUDA GPU: about 3-5 minutes
-  python scripts/fused_check.py --smoke --out fused.json    # anywhere: tiny sizes, interpret mode (seconds)
+  python scripts/fused_check.py --smoke --out fused.json    # anywhere: tiny sizes, interpret mode (~30 s on 2 cores)
 
-Compile matrix: tile 32/64/128 x head dim 64/128 x bfloat16/float32 x pipeline stages 1/2/3. Per case: what the
-tile rule says (attn_lab/attention/tiles.py: fits, or its one-line refusal), the compile time of forward+backward,
-the first line of a compile error, and the largest forward / dQ / dK / dV error against softmax attention written
-out below (float32, 'highest' precision), on a band pattern with key padding at four tiles' length.
+Compile matrix: tile 32/64/128 x head dim 64/128 x bfloat16/float32 x pipeline stages 1/2/3, every kernel forced to
+the case's tile and stages (``num_stages`` of Triton's compiler parameters). Per case: the tile rule's verdict
+(attn_lab/attention/tiles.py: a case beyond its estimate is refused and not compiled; else what the rule itself
+launches at that block), the compile time of forward+backward, the first line of a compile error, and the largest
+forward / dQ / dK / dV error against softmax attention written out below (float32, 'highest' precision), on a
+band pattern with key padding at four tiles' length.
 Timings: fwd+bwd at 16,384 tokens (B 1, 8 heads, head dim 64, bfloat16; median of 5 after a warm-up) of cuDNN
 dense attention (the reference), local w=256 fused and BigBird fused, with each one's speed-up over cuDNN (the
 targets: local >= 5x, BigBird >= 3x; docs/gpu_h200.md). ``scripts/device_check.sh`` runs this as its 'fused' step.
@@ -29,7 +31,7 @@ from attn_lab.attention import KERNELS
 from attn_lab.attention.block_mask import create_block_mask
 from attn_lab.attention.dense import NEG
 from attn_lab.attention.flash import block_sparse_flash
-from attn_lab.attention.tiles import fused_plan
+from attn_lab.attention.tiles import forced_plan, fused_tile
 
 FULL = dict(tiles=(32, 64, 128), head_dims=(64, 128), dtypes=("bfloat16", "float32"), stages=(1, 2, 3),
             length=16384, window=256, reps=5)
@@ -58,17 +60,22 @@ def _fwd_bwd(attend):
 
 
 def compile_case(tile, head_dim, dtype, stages, interpret):
-    """One case of the matrix: the tile rule's verdict, compile seconds, error text, errors against naive."""
+    """One case of the matrix: every kernel forced to ``tile`` x ``stages`` inside ``tile``-wide blocks. A case the
+    tile rule's estimate refuses is recorded, not compiled (nothing beyond the limit is ever compiled); otherwise
+    the compile seconds of forward+backward, the first line of a compile error, and the errors against naive.
+    ``rule`` also names what the rule itself would launch at this block."""
     case = dict(tile=tile, head_dim=head_dim, dtype=dtype, stages=stages)
     try:
-        case["rule"] = fused_plan(tile, head_dim, jnp.dtype(dtype)).why
+        forced_plan(tile, tile, stages, head_dim, jnp.dtype(dtype))
     except ValueError as e:
         case["rule"] = f"refused: {e}"
+        return case
+    case["rule"] = f"fits (the rule's own at block {tile}: {fused_tile(tile, head_dim, jnp.dtype(dtype)).launch()})"
     t = 4 * tile
     mask = create_block_mask(lambda i, j: np.abs(i - j) <= tile, t, tile)
     q, k, v, valid = _inputs(t, 2, head_dim, jnp.dtype(dtype))
     fused = jax.jit(_fwd_bwd(lambda *x: block_sparse_flash(*x, mask, key_valid=valid, interpret=interpret,
-                                                           stages=stages)))
+                                                           tile=tile, stages=stages)))
     start = time.perf_counter()
     try:
         compiled = fused.lower(q, k, v).compile()

@@ -247,3 +247,17 @@ def test_fused_check_smoke_runs_end_to_end_on_a_cpu(tmp_path):
     key, rows = report.fused_summary(str(tmp_path), {})
     assert key.startswith("8/8 allowed cases compile (0 refused by the tile rule); largest error ")
     assert len(rows) == 2 + 8 + 2
+
+
+def test_a_fused_check_case_the_tile_rule_refuses_is_recorded_not_compiled(monkeypatch):
+    """Nothing beyond the tile rule's estimate is compiled, not even by the compile matrix: the case keeps the
+    rule's one line and no compile time; an allowed case names what the rule itself would launch."""
+    spec = importlib.util.spec_from_file_location("fused_check", os.path.join(ROOT, "scripts", "fused_check.py"))
+    fused_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fused_check)
+    monkeypatch.setattr(fused_check, "block_sparse_flash", lambda *a, **k: pytest.fail("compiled a refused case"))
+    case = fused_check.compile_case(128, 128, "bfloat16", 2, interpret=True)
+    assert case == {"tile": 128, "head_dim": 128, "dtype": "bfloat16", "stages": 2, "rule": (
+        "refused: fused kernel: tile 128 with head dim 128 in bfloat16 at 2 stage(s) does not fit in 227 KiB of "
+        "shared memory (dkdv: 352 KiB)")}
+
