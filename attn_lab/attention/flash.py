@@ -1,18 +1,22 @@
 """Block-sparse flash attention: one fused Pallas kernel (forward and backward) for every static sparse pattern.
 
 The pattern arrives as a :class:`~attn_lab.attention.block_mask.BlockMask`: per query block the key blocks it
-touches, per key block the query blocks that see it, and a token mask per active tile. Each program of the grid
-``(batch, head, block)`` loops over its own list only, so a pattern costs in proportion to its active tiles
+touches, per key block the query blocks that see it (CSR lists, kernel operands), a token mask per distinct active
+tile and a full/partial flag per tile. Each program of the grid ``(batch, head, tile)`` loops over its block's
+list only, so a pattern costs in proportion to its active tiles
 (Dao et al. 2022, "FlashAttention", arXiv:2205.14135: online softmax, no ``[T, T]`` matrix in memory; the
 per-block list of active key blocks follows apple/axlearn's GPU block-sparse flash attention and PyTorch's
 FlexAttention ``BlockMask``).
 
 - Forward: online softmax over the active key blocks, float32 scores, sums and accumulators whatever the input
-  dtype (bf16/fp16 inputs feed the matrix unit as they are); saves the row logsumexp.
+  dtype (bf16/fp16 inputs feed the matrix unit as they are); saves the row max and the row sum apart.
 - Backward (two kernels, no atomics): dQ loops over a query block's key blocks, dK/dV over a key block's query
-  blocks, both recomputing the probabilities from the saved logsumexp (FlashAttention-2's split).
-- Masks: the tile's token mask excludes a key (weight exactly 0); key padding sets the logit to ``NEG``, so a
-  query whose pattern keys are all padding averages them uniformly, as the XLA paths of the patterns do.
+  blocks, both recomputing ``p = exp(s - m) / l`` (FlashAttention-2's split).
+- Masks: a partial tile's token mask excludes a key (weight exactly 0), a full tile's is never loaded; key padding
+  sets the logit to ``NEG``, so a query whose pattern keys are all padding averages them uniformly, as the XLA
+  paths of the patterns do.
+- Tiles: each kernel walks the blocks in its own tile, the largest that fits an H200's shared memory
+  (:mod:`attn_lab.attention.tiles`), so nothing beyond the limit is compiled.
 - Grouped-query heads: query head n reads key/value head ``n // (N / K)``; dK/dV are summed over each group.
 
 On a CUDA GPU the kernels compile through Pallas' Triton backend; ``interpret=True`` runs the same kernels as jax
