@@ -211,8 +211,8 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     exact match against h per family (rows A, rows B)."""
     from attn_lab.reporting.plots import errorbar_plot
 
-    lm = not any("test_exact_match" in r for r in rows)  # the 'lm' preset: perplexity is the metric
     sharp = getattr(exp, "name", "").startswith("head_count_sharp")  # D-retrieval: Vaswani et al.'s do not apply
+    lm = not sharp and not any("test_exact_match" in r for r in rows)  # the 'lm' preset: perplexity is the metric
     shown = "test_loss" if lm else "test_accuracy" if sharp else "test_exact_match"
     body, series, status = [], {}, []
     for variant, g, state in every_variant(rows):
@@ -243,8 +243,8 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
             f"(Shazeer 2019): BLEU {MULTI_QUERY['mha']['bleu']} -> {MULTI_QUERY['mqa']['bleu']}; GQA-8 "
             f"(Ainslie et al. 2023): {GROUPED_QUERY['mha']} -> {GROUPED_QUERY['gqa8']} (MQA {GROUPED_QUERY['mqa']}).")
     if sharp:
-        note = ("Mean ± std (seeds). Token accuracy is the accuracy at the read-out position (chance 1/16, one slot "
-                f"right 1/4). Published: {SHARP_PAPER}")
+        note = ("Mean ± std (seeds). Token accuracy is the accuracy at the read-out position (chance 1 / 4^D with 4 "
+                f"values: 1/16 at D = 2, 1/256 at D = 4). Published: {SHARP_PAPER}")
     header, body = with_status(header, body, status)
     groups = {variant: g for variant, g, _ in every_variant(rows)}
     metric, label, sign, baseline = JUDGED.get(getattr(exp, "name", ""), (
