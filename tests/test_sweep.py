@@ -526,3 +526,41 @@ def test_status_lines_read_each_running_trial_s_step_loss_and_speed(tmp_path):
         + json.dumps({"step": 100, "eval/loss": 5.9}) + "\n" + '{"step": 150, "train/lo')  # a line being written
     assert trial_progress(str(trial)) == (0.25, "step 100/400, loss 5.84, 2.94 steps/s")
     assert progress.status_lines()[0] == "  a,seed=0 (+1 seeds): step 100/400, loss 5.84, 2.94 steps/s"
+
+
+def test_a_renamed_preset_keeps_its_recorded_folder_resumable_and_tabulated_and_is_refused_otherwise(tmp_path):
+    """A preset renamed after a sweep ran (':quick' became ':numbers' when the LM table took the quick name) keeps
+    the folder recorded under its old name: the new name skips its finished trials and make_tables tabulates them
+    as that experiment; the preset now called 'quick' is refused in one line, and make_tables refuses a folder whose
+    recorded preset now builds another sweep (its trials would be tabulated as that one's)."""
+    body = {**BASE, "grid": {"model.num_heads": [2, 4]}, "overrides": {"train.num_steps": 4}}
+    path, workdir = _experiment(tmp_path, body), str(tmp_path / "runs")
+    extra = [f"--config.task.data_dir={tmp_path / 'data'}"]
+    _finished_trials(load_experiment(path), workdir, extra)
+    sweep = [sys.executable, SWEEP, "--workdir", workdir, *extra, "--experiment"]
+    first = subprocess.run(sweep + [f"{path}:quick"], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0 and first.stdout.count(": skipped") == 2, first.stdout + first.stderr
+    report = ("from attn_lab.reporting.tables import Table\n\n\n"
+              "def report(rows, sweep_dir, exp, out_dir, bench=None):\n"
+              "    return [Table(exp.name, ['trial', 'status'], [[r['trial'], r['status']] for r in rows], '')]\n")
+    renamed = {**body, "name": "new", "grid": {"model.num_heads": [8]}}
+    with open(path, "w") as f:  # 'quick' now builds another sweep; the old one is 'numbers'
+        f.write(f"{report}\n\ndef get_experiment(preset='quick'):\n    return {renamed!r} if preset == 'quick' else "
+                f"{body!r}\n")
+    tables = [sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), "--workdir", workdir]
+    refused = subprocess.run(tables, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        f"error: --workdir={workdir}: {workdir}/sweep.json: the sweep 't' was recorded from {os.path.abspath(path)}"
+        ":quick, which now builds 'new' and names no renamed preset for it (RENAMED_PRESETS)"), refused.stderr
+    with open(path, "a") as f:
+        f.write("\nRENAMED_PRESETS = {'quick': 'numbers'}\n")
+    again = subprocess.run(sweep + [f"{path}:numbers"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count(": skipped") == 2, again.stdout + again.stderr
+    made = subprocess.run(tables, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    md = open(os.path.join(workdir, "tables", "x.md")).read()
+    assert "num_heads=2,seed=0" in md and "num_heads=4,seed=0" in md
+    other = subprocess.run(sweep + [f"{path}:quick"], capture_output=True, text=True, timeout=300)
+    assert other.returncode == 1 and other.stderr.strip() == (
+        f"error: --workdir={workdir} holds the sweep 't' ({os.path.abspath(path)}:numbers); this is 'new' "
+        f"({os.path.abspath(path)}:quick): give each experiment its own --workdir"), other.stderr

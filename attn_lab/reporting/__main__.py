@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
     from attn_lab.io import write_text_atomic
     from attn_lab.reporting.tables import write_tables
     from attn_lab.sweep.runner import collect
-    from attn_lab.sweep.spec import load_experiment
+    from attn_lab.sweep.spec import load_experiment, recorded_preset
 
     sweep_dir = _WORKDIR.value
     info_path = os.path.join(sweep_dir, "sweep.json")
@@ -56,7 +56,12 @@ def main(argv: list[str]) -> int:
     try:
         with open(info_path) as f:
             info = json.load(f)
-        exp = load_experiment(info["experiment"], root=info["root"])
+        path, sep, preset = info["experiment"].rpartition(":")
+        path, preset = (path, preset) if sep else (preset, "quick")
+        if info.get("name") and os.path.isfile(path):  # the preset that builds the recorded sweep now (renamed
+            # presets followed; a preset that builds another sweep is refused: it would tabulate these trials)
+            preset = recorded_preset(path, preset, info["name"])
+        exp = load_experiment(f"{path}:{preset}", root=info["root"])
         seeds = (info.get("registration") or {}).get("seeds")
         if seeds:  # the seeds the sweep ran (a --seeds run, e.g. a pilot, tabulates its own trials)
             exp = dataclasses.replace(exp, seeds=[int(s) for s in seeds])
@@ -65,7 +70,6 @@ def main(argv: list[str]) -> int:
         sys.exit(f"error: --workdir={sweep_dir}: {info_path} has no key {e} (written by python -m attn_lab.sweep)")
     except (OSError, ValueError) as e:
         sys.exit(f"error: --workdir={sweep_dir}: {info_path}: {e}".replace("\n", " "))
-    path = info["experiment"].rsplit(":", 1)[0]
     if exp.report_fn is None:
         sys.exit(f"error: {path} defines no report(rows, sweep_dir, exp, out_dir, bench); add one (experiments/*.py)")
     name = pathlib.Path(path).stem  # tables/<name>.md

@@ -47,7 +47,7 @@ from attn_lab.sweep.runner import (
     run_sweep,
     write_csv,
 )
-from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment
+from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment, recorded_preset
 from attn_lab.sweep.wandb_sweep import sweep_definition, trial_from_wandb, write_sweep_yaml
 from attn_lab.train.workdir import WorkdirBusy, WorkdirLock
 
@@ -165,6 +165,11 @@ def _check_owner(exp: Experiment, spec: str, workdir: str) -> None:
     was_preset = was.rpartition(":")[2]
     same_file = was.rpartition(":")[0] == os.path.abspath(path) or (
         (old.get("registration") or {}).get("experiment_sha256") == file_sha256(path))
+    if same_file and old.get("name") == exp.name and was_preset != (preset or "quick"):
+        try:  # a preset renamed since this folder was recorded: the file's RENAMED_PRESETS names its new name
+            was_preset = recorded_preset(path, was_preset, exp.name)
+        except ValueError:
+            pass  # refused below, naming both
     if old.get("name") != exp.name or was_preset != (preset or "quick") or not same_file:
         raise ValueError(f"--workdir={workdir} holds the sweep '{old.get('name')}' ({was}); this is '{exp.name}' "
                          f"({now}): give each experiment its own --workdir")

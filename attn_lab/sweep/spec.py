@@ -238,6 +238,24 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
     return exp
 
 
+def recorded_preset(path: str, preset: str, name: str) -> str:
+    """The preset of ``path`` that builds the sweep a folder recorded as ``preset`` under ``name``: ``preset`` while
+    it still builds ``name``; else the preset a file's ``RENAMED_PRESETS = {old: new}`` moved it to, when that one
+    builds ``name`` (a renamed preset never orphans a folder already recorded). A one-line ValueError when neither
+    does: its trials would be tabulated or resumed as another experiment's."""
+    module = load_user_module(path, "_attn_lab_experiment")
+    now = call_user_function(path, module, "get_experiment", preset)
+    if isinstance(now, dict) and now.get("name") == name:
+        return preset
+    moved = (getattr(module, "RENAMED_PRESETS", None) or {}).get(preset)
+    if moved and call_user_function(path, module, "get_experiment", moved).get("name") == name:
+        return moved
+    built = now.get("name") if isinstance(now, dict) else None
+    raise ValueError(f"the sweep '{name}' was recorded from {path}:{preset}, which now builds '{built}'"
+                     + (" and names no renamed preset for it (RENAMED_PRESETS)" if not moved else
+                        f"; its renamed preset '{moved}' does not build it either"))
+
+
 def _raw_experiment(path: str, preset: str) -> tuple[dict[str, Any], Any]:
     """(``get_experiment(preset)`` of the file, checked for its keys and their types (one line each), the module)."""
     module = load_user_module(path, "_attn_lab_experiment")
