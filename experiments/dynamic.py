@@ -1,9 +1,9 @@
 """Dynamic attention: softmax vs 1.5-entmax vs learned-alpha entmax vs adaptive span, with its own table.
 
-  python scripts/sweep.py --experiment experiments/dynamic.py:quick --workdir runs/dynamic --vmap-seeds
-  python scripts/make_tables.py --workdir runs/dynamic
+  python scripts/sweep.py --experiment experiments/dynamic.py:quick --workdir runs/dynamic_lm --vmap-seeds
+  python scripts/make_tables.py --workdir runs/dynamic_lm
+  python scripts/sweep.py --experiment experiments/dynamic.py:numbers --workdir runs/dynamic --vmap-seeds
   python scripts/sweep.py --experiment experiments/dynamic.py:listops_quick --workdir runs/dynamic_listops --vmap-seeds
-  python scripts/sweep.py --experiment experiments/dynamic.py:lm_quick --workdir runs/dynamic_lm --vmap-seeds
 
 Self-contained: the sweep (``get_experiment``), its report (``report``) and the published numbers it prints beside
 ours all live in this file; make_tables finds ``report`` here. Every trial runs ``python -m attn_lab.analysis
@@ -72,10 +72,16 @@ SELF_ONLY = {**VARIANTS, "adaptive_span": {k: v for k, v in VARIANTS["adaptive_s
                                            if not k.startswith("model.kinds.")}}
 
 
+# A sweep folder recorded as ':quick' before the LM table became the quick one is the ':numbers' sweep now
+# (attn_lab.sweep.spec.recorded_preset): it resumes and tabulates as before.
+RENAMED_PRESETS = {"quick": "numbers"}
+
+
 def get_experiment(preset: str = "quick") -> dict:
-    """'quick' / 'listops_quick': numbers translation (150 steps) / ListOps (lengths 16-64, 600 steps), every
-    variant, 5 seeds; 'lm_quick': the decoder-only LM (bible_lm, 400 steps), every variant, 5 seeds, judged in
-    test loss (nats) -- the metric whose paired sd is 0.003-0.01 in the head-count LM table;
+    """'numbers' (the quick preset until the LM took its place; a folder recorded as ':quick' resumes as
+    ':numbers') / 'listops_quick': numbers translation (150 steps) / ListOps (lengths 16-64, 600 steps), every
+    variant, 5 seeds; 'quick' (= 'lm_quick'): the decoder-only LM (bible_lm, 400 steps), every variant, 5 seeds,
+    judged in test loss (nats) -- the metric whose paired sd is 0.003-0.01 in the head-count LM table;
     'full' / 'listops_full': the tasks' full configs, 3 seeds; 'gpu': ListOps at LRA lengths
     (500-2000 tokens, spans up to 1024), 3 seeds, sized for about 10 minutes on one H200 with --vmap-seeds.
 
@@ -87,11 +93,14 @@ def get_experiment(preset: str = "quick") -> dict:
                 "overrides": {"task.min_length": 500, "task.max_length": 2000, "task.max_depth": 10},
                 "variants": {**SELF_ONLY, "adaptive_span": {**SELF_ONLY["adaptive_span"], **span}},
                 "seeds": [0, 1, 2], "analyze": {"what": ["diagnose"]}, "design": design()}
-    prefix, _, size = preset.rpartition("_") if preset.startswith(("listops_", "lm_")) else ("", "", preset)
+    if preset == "quick":  # the quick table: the LM, in nats
+        return get_experiment("lm_quick")
+    prefix, _, size = preset.rpartition("_") if preset.startswith(("listops_", "lm_")) else (
+        "", "", "quick" if preset == "numbers" else preset)
     prefix = prefix + "_" if prefix else ""
     if prefix not in TASKS or size not in ("quick", "full"):
         raise ValueError(f"unknown preset '{preset}' for experiments/dynamic.py; "
-                         "use quick, full, listops_quick, listops_full, lm_quick, lm_full or gpu")
+                         "use quick, numbers, full, listops_quick, listops_full, lm_quick, lm_full or gpu")
     config, overrides = TASKS[prefix]
     variants = SELF_ONLY if prefix else VARIANTS
     if size == "full":
@@ -103,7 +112,7 @@ def get_experiment(preset: str = "quick") -> dict:
         return {"name": "dynamic_lm_quick", "config": config, "overrides": overrides, "variants": variants,
                 "seeds": VERDICT_SEEDS, "analyze": {"what": ["diagnose"]},
                 "design": Design.of(FINDINGS_LM, LM_SD, LM_PILOT, PILOT_SEEDS, effect=LM_EFFECT)}
-    quick = (prefix, size) == ("", "quick")  # the one preset with a pilot
+    quick = (prefix, size) == ("", "quick")  # ':numbers': the one preset of these with a pilot
     return {"name": f"dynamic_{prefix}{size}", "config": config, "overrides": overrides, "variants": variants,
             "seeds": VERDICT_SEEDS if quick else [0, 1, 2, 3, 4] if size == "quick" else [0, 1, 2],
             "analyze": {"what": ["diagnose"]}, "design": design(QUICK_SD, QUICK_EFFECT) if quick else design()}
@@ -122,11 +131,12 @@ FINDINGS = {
                              "text8 24L 1.07 bpc, mean span ~300 of 8192", "not_worse",
                              MARGIN),
 }
-# Pilot: the quick preset on seeds 0-4, per-seed sds of the paired differences from its table's 'sd: run' column:
-#   python scripts/sweep.py --experiment experiments/dynamic.py:quick --workdir runs/pilot/dynamic \
+# Pilot: the numbers preset (then 'quick') on seeds 0-4, per-seed sds of the paired differences from its table's
+# 'sd: run' column:
+#   python scripts/sweep.py --experiment experiments/dynamic.py:numbers --workdir runs/pilot/dynamic \
 #       --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 && python scripts/make_tables.py --workdir runs/pilot/dynamic
 PILOT_SEEDS = (0, 1, 2, 3, 4)
-PILOT = "experiments/dynamic.py:quick --seeds 0,1,2,3,4 (docs/dynamic.md, pilot)"
+PILOT = "experiments/dynamic.py:numbers --seeds 0,1,2,3,4 (docs/dynamic.md, pilot)"
 QUICK_SD = {"entmax15": 0.088, "entmax_learned": 0.113, "adaptive_span": 0.079}  # pilot: 5 seeds (42 min loaded)
 QUICK_EFFECT = {"entmax15": -0.096, "entmax_learned": -0.087, "adaptive_span": 0.293}  # its mean differences
 VERDICT_SEEDS = [100, 101, 102, 103, 104]

@@ -1,7 +1,9 @@
-"""Head-count ablation (Vaswani et al. 2017, Table 3): numbers translation, one sweep for every row.
+"""Head-count ablation (Vaswani et al. 2017, Table 3): one sweep for every row, on a decoder-only LM (the quick
+table, in nats) and on numbers translation (the second table, exact match and BLEU).
 
-  python scripts/sweep.py --experiment experiments/head_count.py:quick --workdir runs/head_count --vmap-seeds
-  python scripts/make_tables.py --workdir runs/head_count
+  python scripts/sweep.py --experiment experiments/head_count.py:quick --workdir runs/head_count_lm --vmap-seeds
+  python scripts/sweep.py --experiment experiments/head_count.py:numbers --workdir runs/head_count --vmap-seeds
+  python scripts/make_tables.py --workdir runs/head_count_lm
 
 Rows ``A-h<h>``: h heads at a fixed width, d_k = d_model / h (Table 3 rows A). Rows ``B-h<h>``: d_k fixed at the
 A-h4 value while h varies (rows B style: capacity grows with h). ``MQA-h8`` / ``GQA-h8-kv2``: 8 query heads
@@ -34,16 +36,24 @@ def _rows(d_model: int, heads: list[int], fixed_dk: int, b_heads: list[int]) -> 
 BEAM = {"eval.beam_size": 4, "eval.length_penalty": 0.6, "eval.validation_beam_size": 1}
 
 
+# A sweep folder recorded as ':quick' before the LM table became the quick one is the ':numbers' sweep now
+# (attn_lab.sweep.spec.recorded_preset): it resumes and tabulates as before.
+RENAMED_PRESETS = {"quick": "numbers"}
+
+
 def get_experiment(preset: str = "quick") -> dict:
     """'demo': sixteen heads vs eight on the decoder-only LM (bible_lm, 200 steps), 3 seeds, judged in minus the
-    test loss (the Quickstart: about 2 minutes on 2 cores; planned from its pilot on seeds 0-4); 'quick': the
-    verdict preset, 9 rows x 5 seeds at 150 steps with beam-4 BLEU -- its pilot's per-seed sds (0.06-0.12 exact
-    match) against the 0.02 margin leave every finding undecidable at 5 seeds, which its table says before it runs;
-    'powered': quick's five judged rows at the seeds the pilot says every finding needs (141: for an accelerator,
-    where a vectorized seed is nearly free; about 5.5 hours on 2 CPU cores); 'full': d_model 128, h in 1..32, 4000
-    steps; 'lm': rows A, MQA and GQA on a decoder-only LM (bible_lm, d_model 64, 400 steps), perplexity, 5 seeds;
-    'bible' / 'bible_all': French -> English verses (one head vs eight / every row), 3 seeds; 'gpu': the full
-    bible config (d_model 256 class, 4 rows x 3 seeds), sized for about 10 minutes on one H200 with --vmap-seeds.
+    test loss (the Quickstart: about 2 minutes on 2 cores; planned from its pilot on seeds 0-4); 'quick' (= 'lm'):
+    rows A, MQA and GQA on a decoder-only LM (bible_lm, d_model 64, 400 steps), judged in test loss (nats), 5
+    seeds, 27 minutes on 2 cores -- the metric whose paired sd (0.003-0.013 nats) decides at this scale;
+    'lm_powered' / 'lm_mqa': one head / MQA against eight on that LM at the seeds its plan needs; 'numbers' (the
+    quick preset until the LM took its place; a folder recorded as ':quick' resumes as ':numbers'): the translation
+    table, 9 rows x 5 seeds at 150 steps with beam-4 BLEU -- its pilot's per-seed sds (0.06-0.12 exact match)
+    against the 0.02 margin leave every finding undecidable at 5 seeds, which its table says before it runs;
+    'powered': the numbers table's five judged rows at the seeds the pilot says every finding needs (141: for an
+    accelerator, where a vectorized seed is nearly free; about 5.5 hours on 2 CPU cores); 'full': d_model 128, h in
+    1..32, 4000 steps; 'bible' / 'bible_all': French -> English verses (one head vs eight / every row), 3 seeds;
+    'gpu': the full bible config (d_model 256 class, 4 rows x 3 seeds), about 10 minutes on one H200 (--vmap-seeds).
 
     Why 150 steps: at 300 steps (the earlier quick preset) every row reached exact match 0.91-0.97 and BLEU
     98.8-99.6, so h = 1..16 differed by less than two seed deviations. At 150 steps one head gets 0.45 +- 0.10 and
@@ -65,26 +75,27 @@ def get_experiment(preset: str = "quick") -> dict:
                 for d in (2, 4) for h in (1, 2, 4, 8)}
         return {"name": "head_count_sharp_curve", "config": "configs/dretrieval.py", "variants": rows,
                 "seeds": SHARP_CURVE_SEEDS}
-    if preset == "quick":
+    if preset == "numbers":  # the translation table (its sweep keeps the name it had as the quick preset)
         rows = _rows(64, [1, 2, 4, 8, 16], 16, [1, 8])
         return {"name": "head_count_quick", "config": "configs/numbers.py:quick",
                 "overrides": short | BEAM,
                 "variants": rows, "seeds": VERDICT_SEEDS, "design": design(QUICK_SD, FINDINGS, QUICK_EFFECT)}
-    if preset == "lm":  # the same rows on a decoder-only language model: bible_lm, perplexity on held-out books
+    if preset in ("quick", "lm"):  # the rows on a decoder-only LM: bible_lm, perplexity on held-out books
         rows = _rows(64, [1, 2, 4, 8, 16], 16, [])
         return {"name": "head_count_lm", "config": "configs/bible_lm.py:quick", "variants": rows,
                 "seeds": VERDICT_SEEDS,
                 "design": Design.of(FINDINGS_LM, LM_SD, LM_PILOT, PILOT_SEEDS, effect=LM_EFFECT)}
-    if preset == "lm_powered":  # one head against eight on the LM, at the seeds the ':lm' verdict run's plan needs
+    if preset in POWERED_LM:  # one ':lm' finding against eight heads, at the seeds the ':lm' verdict run's plan needs
+        row, first = POWERED_LM[preset]
         lm = get_experiment("lm")
-        plan = Design.of(FINDINGS_LM, LM_RUN_SD, LM_RUN, LM_RUN_SEEDS, ("A-h1",), effect=LM_RUN_EFFECT)
-        return {**lm, "name": "head_count_lm_powered", "seeds": plan.powered_seeds(LM_POWERED_FIRST), "design": plan,
-                "variants": {k: v for k, v in lm["variants"].items() if k in (BASELINE, "A-h1")}}
-    if preset == "powered":  # quick's judged rows at the seeds the pilot says they need: for an accelerator
-        quick = get_experiment("quick")
-        rows = {k: v for k, v in quick["variants"].items() if k in (BASELINE, *FINDINGS)}
-        return {**quick, "name": "head_count_powered", "variants": rows,
-                "seeds": quick["design"].powered_seeds(VERDICT_SEEDS[0])}
+        plan = Design.of(FINDINGS_LM, LM_RUN_SD, LM_RUN, LM_RUN_SEEDS, (row,), effect=LM_RUN_EFFECT)
+        return {**lm, "name": f"head_count_{preset}", "seeds": plan.powered_seeds(first), "design": plan,
+                "variants": {k: v for k, v in lm["variants"].items() if k in (BASELINE, row)}}
+    if preset == "powered":  # the numbers table's judged rows at the seeds the pilot says they need: for an accelerator
+        numbers = get_experiment("numbers")
+        rows = {k: v for k, v in numbers["variants"].items() if k in (BASELINE, *FINDINGS)}
+        return {**numbers, "name": "head_count_powered", "variants": rows,
+                "seeds": numbers["design"].powered_seeds(VERDICT_SEEDS[0])}
     if preset in ("bible", "bible_all"):  # French -> English verses, SentencePiece, d_model 128 (configs/bible.py)
         rows = _rows(128, [1, 2, 4, 8], 32, [1, 2])
         rows = rows if preset == "bible_all" else {k: rows[k] for k in ("A-h1", "A-h8")}
@@ -101,8 +112,8 @@ def get_experiment(preset: str = "quick") -> dict:
                 "overrides": BEAM,
                 "variants": _rows(128, [1, 2, 4, 8, 16, 32], 32, [1, 2, 8, 16]), "seeds": [0, 1, 2, 3, 4],
                 "design": design()}
-    raise ValueError(f"unknown preset '{preset}' for experiments/head_count.py; use demo, sharp, sharp_curve, quick, "
-                     "powered, lm, lm_powered, full, bible, bible_all or gpu")
+    raise ValueError(f"unknown preset '{preset}' for experiments/head_count.py; use demo, quick, lm, lm_powered, "
+                     "lm_mqa, numbers, powered, sharp, sharp_curve, full, bible, bible_all or gpu")
 
 
 # --- published numbers (Vaswani et al. 2017; Shazeer 2019; Ainslie et al. 2023) --------------------------------
@@ -131,13 +142,13 @@ FINDINGS = {
     "GQA-h8-kv2": Finding("grouped key/value heads match full multi-head (Ainslie et al. 2023)", "47.1 vs 47.2",
                           "not_worse", MARGIN),
 }
-# Pilot: the quick preset on seeds 0-4 (the seeds its 150-step budget was chosen on), per-seed sd of each paired
-# difference from its verdict table's 'sd: run' column:
-#   python scripts/sweep.py --experiment experiments/head_count.py:quick --workdir runs/pilot/head_count \
+# Pilot: the numbers preset (then named 'quick') on seeds 0-4 (the seeds its 150-step budget was chosen on),
+# per-seed sd of each paired difference from its verdict table's 'sd: run' column:
+#   python scripts/sweep.py --experiment experiments/head_count.py:numbers --workdir runs/pilot/head_count \
 #       --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 && python scripts/make_tables.py --workdir runs/pilot/head_count
 # The verdict seeds (VERDICT_SEEDS) are disjoint from the pilot's.
 PILOT_SEEDS = (0, 1, 2, 3, 4)
-PILOT = "experiments/head_count.py:quick --seeds 0,1,2,3,4 (docs/head_count.md, pilot)"
+PILOT = "experiments/head_count.py:numbers --seeds 0,1,2,3,4 (docs/head_count.md, pilot)"
 QUICK_SD = {"A-h1": 0.064, "A-h16": 0.060, "MQA-h8": 0.120, "GQA-h8-kv2": 0.105}  # pilot: 5 seeds, 39 min loaded
 QUICK_EFFECT = {"A-h1": -0.159, "A-h16": -0.063, "MQA-h8": -0.293, "GQA-h8-kv2": -0.171}  # its 'ours' column
 VERDICT_SEEDS = [100, 101, 102, 103, 104]
@@ -203,13 +214,14 @@ LM_PILOT = "experiments/head_count.py:lm --seeds 0,1,2,3,4 (docs/head_count.md, 
 #   --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 (25.7 min on 2 CPU cores, partly shared); 'sd: run' of its table:
 LM_SD = {"A-h1": 0.005, "A-h16": 0.005, "MQA-h8": 0.010, "GQA-h8-kv2": 0.003}
 LM_EFFECT = {"A-h1": -0.015, "A-h16": 0.002, "MQA-h8": -0.006, "GQA-h8-kv2": -0.003}  # its mean differences
-# ':lm_powered': one head against eight planned from the ':lm' verdict run (seeds 100-104) as its pilot -- its
-# 'sd: run' and mean difference (docs/head_count.md) -- on seeds disjoint from both (8 seeds: the plan's 0.8, with
-# the sd planned at its 80% upper limit). MQA would need 21 seeds (sd 0.013): beyond 30 minutes on 2 cores, left out.
+# ':lm_powered' (one head) and ':lm_mqa' (MQA): one finding against eight heads each, planned from the ':lm' verdict
+# run (seeds 100-104) as their pilot -- its 'sd: run' and mean difference (docs/head_count.md) -- on seeds disjoint
+# from it and from each other, as many as give a 0.8 chance of a verdict with the sd planned at its 80% upper limit
+# (one head: 8 seeds, 11 minutes on 2 cores; MQA: 21 seeds).
 LM_RUN = "experiments/head_count.py:lm, the verdict run on seeds 100-104 (docs/head_count.md)"
 LM_RUN_SEEDS = (100, 101, 102, 103, 104)
-LM_RUN_SD, LM_RUN_EFFECT = {"A-h1": 0.008}, {"A-h1": -0.017}
-LM_POWERED_FIRST = 200
+LM_RUN_SD, LM_RUN_EFFECT = {"A-h1": 0.008, "MQA-h8": 0.013}, {"A-h1": -0.017, "MQA-h8": -0.006}
+POWERED_LM = {"lm_powered": ("A-h1", 200), "lm_mqa": ("MQA-h8", 300)}  # preset -> (row, its first seed)
 
 
 def design(sd: dict | None = None, rows=FINDINGS, effect: dict | None = None) -> Design:

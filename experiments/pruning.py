@@ -1,9 +1,10 @@
-"""Head importance and pruning (Michel et al. 2019) and L0 gates (Voita et al. 2019) on numbers translation, and
-(preset 'lm') Michel et al.'s claims on a decoder-only language model in log-likelihood.
+"""Head importance and pruning (Michel et al. 2019): Michel et al.'s claims on a decoder-only language model in
+log-likelihood (the quick table, = preset 'lm'), and (preset 'numbers') on numbers translation with L0 gates
+(Voita et al. 2019).
 
-  python scripts/sweep.py --experiment experiments/pruning.py:quick --workdir runs/pruning --vmap-seeds
-  python scripts/sweep.py --experiment experiments/pruning.py:lm --workdir runs/pruning_lm --vmap-seeds
-  python scripts/make_tables.py --workdir runs/pruning
+  python scripts/sweep.py --experiment experiments/pruning.py:quick --workdir runs/pruning_lm --vmap-seeds
+  python scripts/sweep.py --experiment experiments/pruning.py:numbers --workdir runs/pruning --vmap-seeds
+  python scripts/make_tables.py --workdir runs/pruning_lm
 
 Trains the baseline (one trial per seed), then runs the head analysis (``python -m attn_lab.analysis``, flags from
 ``analyze``) on each: single-head masking and all-but-one tables, pruning curves (importance vs reverse vs random),
@@ -25,10 +26,15 @@ from attn_lab.reporting.stats import paired
 from attn_lab.reporting.tables import Table, analyses, grouped, mean_std, read_json, unfinished_table, variant_of
 from attn_lab.reporting.verdicts import Design, Finding, verdict_table
 
+# A sweep folder recorded as ':quick' before the LM table became the quick one is the ':numbers' sweep now
+# (attn_lab.sweep.spec.recorded_preset): it resumes and tabulates as before.
+RENAMED_PRESETS = {"quick": "numbers"}
+
 
 def get_experiment(preset: str = "quick") -> dict:
-    """'quick': the numbers quick model (4 heads x 2 layers x 3 kinds) trained 200 steps, 5 seeds, exact match by
-    greedy decoding; 'lm': bible_lm (decoder-only, 2 layers x 8 heads, 400 steps), ablations and pruning
+    """'numbers' (the quick preset until the LM took its place; a folder recorded as ':quick' resumes as
+    ':numbers'): the numbers quick model (4 heads x 2 layers x 3 kinds) trained 200 steps, 5 seeds, exact match by
+    greedy decoding; 'quick' (= 'lm'): bible_lm (decoder-only, 2 layers x 8 heads, 400 steps), ablations and pruning
     curves scored in mean token log-likelihood (nats; perplexity is exp(-value)), one head per step, no gates,
     13 seeds (what its pilot's plan asks);
     'full': the numbers model with 8 heads, BLEU; 'gpu': the full bible model, BLEU, 3 seeds.
@@ -40,12 +46,12 @@ def get_experiment(preset: str = "quick") -> dict:
     analyze = {"what": ["ablate", "prune", "structural", "gates"], "metric": "exact_match", "max_batches": 2,
                "gate_targets": [0.5, 0.25], "prune_orders": ["importance", "importance_raw", "reverse", "random"],
                "prune_fraction": PRUNE_FRACTION}
-    if preset == "quick":
+    if preset == "numbers":  # its sweep keeps the name it had as the quick preset
         return {"name": "pruning_quick", "config": "configs/numbers.py:quick",
                 "overrides": {"train.num_steps": 200, "train.eval_every": 200, "train.checkpoint_every": 200},
                 "variants": {"baseline": {}}, "seeds": VERDICT_SEEDS, "analyze": analyze | {"gate_steps": 300},
                 "design": design(QUICK_SD, QUICK_EFFECT, QUICK_COLLAPSED)}
-    if preset == "lm":  # log-likelihood moves with every probability: a head's effect shows without decoding noise
+    if preset in ("quick", "lm"):  # log-likelihood moves with every probability: a head shows without decoding noise
         lm = {"what": ["ablate", "prune", "structural"], "metric": "log_likelihood", "prune_fraction": 1 / 16}
         return {"name": "pruning_lm", "config": "configs/bible_lm.py:quick", "variants": {"baseline": {}},
                 "seeds": LM_SEEDS, "analyze": analyze | lm | {"max_batches": 4},
@@ -58,7 +64,7 @@ def get_experiment(preset: str = "quick") -> dict:
         return {"name": "pruning_gpu", "config": "configs/bible.py", "overrides": {"model.num_heads": 8},
                 "variants": {"baseline": {}}, "seeds": [0, 1, 2],
                 "analyze": analyze | {"max_batches": 8, "gate_steps": 2000, "metric": "bleu"}, "design": design()}
-    raise ValueError(f"unknown preset '{preset}' for experiments/pruning.py; use quick, lm, full or gpu")
+    raise ValueError(f"unknown preset '{preset}' for experiments/pruning.py; use quick, lm, numbers, full or gpu")
 
 
 # --- published numbers (Michel et al. 2019; Voita et al. 2019) --------------------------------------------------
@@ -106,12 +112,13 @@ FINDINGS = {
     "importance vs full at 20%": Finding("~20% of heads prune by importance almost for free (at ~20% pruned)",
                                          MICHEL_PRUNING.split(",")[0], "not_worse", MARGIN),
 }
-# Pilot: the quick preset on seeds 0-4 (the seeds its 200-step budget and the importance_raw order were chosen on);
+# Pilot: the numbers preset (then 'quick') on seeds 0-4 (the seeds its 200-step budget and the importance_raw order
+# were chosen on);
 # per-seed sds of the paired differences from its verdict table's 'sd: run' column:
-#   python scripts/sweep.py --experiment experiments/pruning.py:quick --workdir runs/pilot/pruning \
+#   python scripts/sweep.py --experiment experiments/pruning.py:numbers --workdir runs/pilot/pruning \
 #       --seeds 0,1,2,3,4 --vmap-seeds --parallel 2 && python scripts/make_tables.py --workdir runs/pilot/pruning
 PILOT_SEEDS = (0, 1, 2, 3, 4)
-PILOT = "experiments/pruning.py:quick --seeds 0,1,2,3,4 (docs/pruning.md, pilot)"
+PILOT = "experiments/pruning.py:numbers --seeds 0,1,2,3,4 (docs/pruning.md, pilot)"
 # The random curve is the mean of 5 orders drawn from each trial's seed (before: one order, the same head first on
 # every seed). The pilot was rerun with it at commit fdb1393 (17.7 min; docs/pruning.md): its mean differences,
 # per-seed sds and collapsed seeds (one: seed 1, in 'importance vs random').

@@ -188,5 +188,5 @@ def test_dynamic_presets_resolve_and_bad_preset_is_one_line():
                           os.path.join(ROOT, "experiments", "dynamic.py:tiny"), "--workdir", "unused", "--dry-run"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
-        "error: unknown preset 'tiny' for experiments/dynamic.py; use quick, full, listops_quick, listops_full, "
-        "lm_quick, lm_full or gpu"]
+        "error: unknown preset 'tiny' for experiments/dynamic.py; use quick, numbers, full, listops_quick, "
+        "listops_full, lm_quick, lm_full or gpu"]
