@@ -30,7 +30,7 @@ MODES = {"separate": [], "vmap": ["--vmap-seeds"], "separate-parallel2": ["--par
          "vmap-parallel2": ["--vmap-seeds", "--parallel", "2"]}
 
 
-_EXPERIMENT = flags.DEFINE_string("experiment", "experiments/head_count.py:quick", "Experiment file[:preset].")
+_EXPERIMENT = flags.DEFINE_string("experiment", "experiments/head_count.py:numbers", "Experiment file[:preset].")
 _SEEDS = DEFINE_integer_list("seeds", [0, 1, 2], "Comma-separated seeds of every mode's sweep.")
 _MODES = flags.DEFINE_list("modes", ["separate", "vmap"], f"Comma-separated, from {', '.join(MODES)}.")
 _WORKDIR = flags.DEFINE_string("workdir", "bench/sweep", "Folder of the sweeps, one per mode, and bench_sweep.json.")

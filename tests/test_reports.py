@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import runpy
 import subprocess
 import sys
 import textwrap
@@ -315,10 +316,11 @@ def test_a_table_of_finished_trials_has_no_status_column(tmp_path):
 
 
 def _finished_sweep(sweep, experiment, trials):
-    """A sweep folder as ``python -m attn_lab.sweep`` leaves it: sweep.json naming the experiment, results.json per
-    trial."""
+    """A sweep folder as ``python -m attn_lab.sweep`` leaves it: sweep.json naming the experiment and the sweep it
+    built, results.json per trial."""
     sweep.mkdir()
-    (sweep / "sweep.json").write_text(json.dumps({"experiment": f"{experiment}:quick", "root": ROOT, "name": "x"}))
+    name = runpy.run_path(str(experiment))["get_experiment"]("quick")["name"]
+    (sweep / "sweep.json").write_text(json.dumps({"experiment": f"{experiment}:quick", "root": ROOT, "name": name}))
     for i, trial in enumerate(trials):
         (sweep / trial).mkdir()
         results = {"final": {"test": {"loss": 1.0, "bleu": 20.0 + i}}, "best": {}, "num_params": 10, "steps": 4,
