@@ -551,7 +551,8 @@ def test_a_renamed_preset_keeps_its_recorded_folder_resumable_and_tabulated_and_
     refused = subprocess.run(tables, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 1 and refused.stderr.strip() == (
         f"error: --workdir={workdir}: {workdir}/sweep.json: the sweep 't' was recorded from {os.path.abspath(path)}"
-        ":quick, which now builds 'new' and names no renamed preset for it (RENAMED_PRESETS)"), refused.stderr
+        ":quick, and no preset of that file builds it now: 'quick' builds 'new' (and RENAMED_PRESETS names no new "
+        "name for it)"), refused.stderr
     with open(path, "a") as f:
         f.write("\nRENAMED_PRESETS = {'quick': 'numbers'}\n")
     again = subprocess.run(sweep + [f"{path}:numbers"], capture_output=True, text=True, timeout=300)
@@ -564,3 +565,20 @@ def test_a_renamed_preset_keeps_its_recorded_folder_resumable_and_tabulated_and_
     assert other.returncode == 1 and other.stderr.strip() == (
         f"error: --workdir={workdir} holds the sweep 't' ({os.path.abspath(path)}:numbers); this is 'new' "
         f"({os.path.abspath(path)}:quick): give each experiment its own --workdir"), other.stderr
+
+
+def test_a_renamed_preset_whose_old_name_is_gone_still_finds_its_recorded_sweep(tmp_path):
+    """The usual rename: the old preset name no longer exists (the file raises for it), RENAMED_PRESETS names the
+    new one; a name that no preset builds any more is one line naming what each candidate builds."""
+    from attn_lab.sweep.spec import recorded_preset
+
+    path = tmp_path / "x.py"
+    path.write_text("RENAMED_PRESETS = {'old': 'new'}\n\n\ndef get_experiment(preset='new'):\n"
+                    "    if preset != 'new':\n        raise ValueError(f'unknown preset {preset!r}')\n"
+                    "    return {'name': 'sweep_old', 'config': 'c.py'}\n")
+    assert recorded_preset(str(path), "old", "sweep_old") == "new"
+    assert recorded_preset(str(path), "new", "sweep_old") == "new"
+    with pytest.raises(ValueError) as info:
+        recorded_preset(str(path), "old", "sweep_other")
+    assert str(info.value) == (f"the sweep 'sweep_other' was recorded from {path}:old, and no preset of that file "
+                               "builds it now: 'old' builds no sweep; 'new' builds 'sweep_old'")

@@ -244,16 +244,21 @@ def recorded_preset(path: str, preset: str, name: str) -> str:
     builds ``name`` (a renamed preset never orphans a folder already recorded). A one-line ValueError when neither
     does: its trials would be tabulated or resumed as another experiment's."""
     module = load_user_module(path, "_attn_lab_experiment")
-    now = call_user_function(path, module, "get_experiment", preset)
-    if isinstance(now, dict) and now.get("name") == name:
-        return preset
-    moved = (getattr(module, "RENAMED_PRESETS", None) or {}).get(preset)
-    if moved and call_user_function(path, module, "get_experiment", moved).get("name") == name:
-        return moved
-    built = now.get("name") if isinstance(now, dict) else None
-    raise ValueError(f"the sweep '{name}' was recorded from {path}:{preset}, which now builds '{built}'"
-                     + (" and names no renamed preset for it (RENAMED_PRESETS)" if not moved else
-                        f"; its renamed preset '{moved}' does not build it either"))
+    built = {}
+    for candidate in (preset, (getattr(module, "RENAMED_PRESETS", None) or {}).get(preset)):
+        if candidate is None:
+            continue
+        try:  # a renamed preset's old name may be gone from the file: an unknown preset builds nothing
+            now = call_user_function(path, module, "get_experiment", candidate)
+        except ValueError:
+            now = None
+        built[candidate] = now.get("name") if isinstance(now, dict) else None
+        if built[candidate] == name:
+            return candidate
+    said = "; ".join(f"'{p}' builds '{n}'" if n else f"'{p}' builds no sweep" for p, n in built.items())
+    renamed = "" if len(built) > 1 else " (and RENAMED_PRESETS names no new name for it)"
+    raise ValueError(f"the sweep '{name}' was recorded from {path}:{preset}, and no preset of that file builds it "
+                     f"now: {said}{renamed}")
 
 
 def _raw_experiment(path: str, preset: str) -> tuple[dict[str, Any], Any]:
