@@ -35,6 +35,29 @@ def test_the_answer_names_each_features_top_key_value_in_feature_order():
         assert dretrieval.vocab(20, 3, 3).decode([targets[-1]]) == "=" + ",".join(f"v{v}" for v in expected)
 
 
+def test_the_sum_answer_is_the_looked_up_values_sum_mod_the_value_count():
+    """'sum' (a combination no per-lookup score adds up to, as the paper's outer function F0): the same lookups as
+    'tuple' from the same stream, the answer their sum mod num_values among num_values answer tokens."""
+    ranks = dretrieval.feature_ranks(0, 20, 3)
+    readout, first_answer, size = dretrieval.id_offsets(20, 3, 3, "sum")
+    assert size == first_answer + 3
+    named, summed = np.random.default_rng(1), np.random.default_rng(1)
+    for _ in range(300):
+        inputs, targets = dretrieval.example(named, ranks, **OPTS)
+        again, sums = dretrieval.example(summed, ranks, **OPTS, combine="sum")
+        np.testing.assert_array_equal(inputs, again)
+        looked_up = np.unravel_index(targets[-1] - first_answer, (3, 3, 3))  # the tuple answer's values
+        assert sums[-1] - first_answer == sum(int(v) for v in looked_up) % 3 and np.all(sums[:-1] == PAD_ID)
+        assert dretrieval.vocab(20, 3, 3, "sum").decode([sums[-1]]) == f"=s{sum(int(v) for v in looked_up) % 3}"
+
+
+def test_the_default_tuple_task_keeps_the_prepared_folder_name_of_runs_made_before_combine():
+    c = load_config("dretrieval", "quick").task.to_dict()
+    opts = {k: c[k] for k in dretrieval.DEFAULTS}
+    assert dretrieval.dretrieval_config(**opts).name == "R64_K16_V4_D2_n20000-1000-1000_seed0"
+    assert dretrieval.dretrieval_config(**{**opts, "combine": "sum"}).name == "R64_K16_V4_D2_sum_n20000-1000-1000_seed0"
+
+
 def test_prepared_splits_are_deterministic_disjoint_streams(tmp_path):
     c = load_config("dretrieval", "quick").task
     c.update(num_train=32, num_validation=8, num_test=8)
@@ -49,6 +72,7 @@ def test_prepared_splits_are_deterministic_disjoint_streams(tmp_path):
     ({"seq_keys": 30}, "task.seq_keys=30 exceeds task.num_keys=20"),
     ({"num_lookups": 0}, "task.num_lookups must be a positive integer, got 0"),
     ({"num_values": 40, "num_lookups": 4}, "task.num_lookups=4 with num_values=40"),
+    ({"combine": "max"}, "task.combine='max' is not a way to combine the lookups; use one of tuple, sum"),
 ])
 def test_bad_options_stop_in_one_line(change, message):
     c = load_config("dretrieval", "quick").task
