@@ -38,7 +38,16 @@ BEAM = {"eval.beam_size": 4, "eval.length_penalty": 0.6, "eval.validation_beam_s
 
 # A sweep folder recorded as ':quick' before the LM table became the quick one is the ':numbers' sweep now
 # (attn_lab.sweep.spec.recorded_preset): it resumes and tabulates as before.
-RENAMED_PRESETS = {"quick": "numbers"}
+# Likewise a folder recorded as ':sharp' / ':sharp_curve' before they became the summed task is ':sharp_tuple' /
+# ':sharp_tuple_curve' now.
+RENAMED_PRESETS = {"quick": "numbers", "sharp": "sharp_tuple", "sharp_curve": "sharp_tuple_curve"}
+
+
+def _sharp_rows(lookups: list[int], heads: tuple[int, ...]) -> dict:
+    """``D<D>-h<h>`` (``A-h<h>`` for one D): h heads splitting d_model 32, the answer summing D lookups."""
+    name = (lambda d, h: f"A-h{h}") if len(lookups) == 1 else (lambda d, h: f"D{d}-h{h}")
+    return {name(d, h): {"task.num_lookups": d, "model.num_heads": h, "model.head_dim": 32 // h}
+            for d in lookups for h in heads}
 
 
 def get_experiment(preset: str = "quick") -> dict:
@@ -65,16 +74,23 @@ def get_experiment(preset: str = "quick") -> dict:
         return {"name": "head_count_demo", "config": "configs/bible_lm.py:quick", "overrides": DEMO_BUDGET,
                 "variants": {k: rows[k] for k in ("A-h8", "A-h16")}, "seeds": DEMO_SEEDS,
                 "design": Design.of(FINDINGS_DEMO, DEMO_SD, DEMO_PILOT, DEMO_PILOT_SEEDS, effect=DEMO_EFFECT)}
-    if preset == "sharp":  # D = 2 lookups at one position (configs/dretrieval.py), one attention-only layer
-        rows = {f"A-h{h}": {"model.num_heads": h, "model.head_dim": 16 // h} for h in (1, 2, 4)}
-        return {"name": "head_count_sharp", "config": "configs/dretrieval.py", "overrides": SHARP_MODEL,
-                "variants": rows, "seeds": SHARP_SEEDS,
+    if preset == "sharp":  # D = 2 lookups summed (configs/dretrieval.py, combine 'sum'), one layer, width 32
+        return {"name": "head_count_sharp_sum", "config": "configs/dretrieval.py:sum",
+                "variants": _sharp_rows([2], (1, 2, 4)), "seeds": SHARP_SEEDS,
                 "design": Design.of(FINDINGS_SHARP, SHARP_SD, SHARP_PILOT, PILOT_SEEDS, effect=SHARP_EFFECT)}
-    if preset == "sharp_curve":  # read-out accuracy against h for D = 2 and 4 lookups, width 64: exploratory
+    if preset == "sharp_curve":  # read-out accuracy against h for D = 2 and 4 summed lookups: the paper's plot
+        return {"name": "head_count_sharp_sum_curve", "config": "configs/dretrieval.py:sum",
+                "variants": _sharp_rows([2, 4], (1, 2, 4, 8)), "seeds": SHARP_CURVE_SEEDS}
+    if preset == "sharp_tuple":  # the earlier form: the answer names both values, no MLP, width 16 (exploratory)
+        rows = {f"A-h{h}": {"model.num_heads": h, "model.head_dim": 16 // h} for h in (1, 2, 4)}
+        return {"name": "head_count_sharp", "config": "configs/dretrieval.py", "overrides": TUPLE_MODEL,
+                "variants": rows, "seeds": SHARP_SEEDS,
+                "design": Design.of(FINDINGS_TUPLE, TUPLE_SD, TUPLE_PILOT, PILOT_SEEDS, effect=TUPLE_EFFECT)}
+    if preset == "sharp_tuple_curve":  # the earlier curve: tuple answers at width 64 (exploratory)
         rows = {f"D{d}-h{h}": {"task.num_lookups": d, "model.num_heads": h, "model.head_dim": 64 // h}
                 for d in (2, 4) for h in (1, 2, 4, 8)}
         return {"name": "head_count_sharp_curve", "config": "configs/dretrieval.py", "variants": rows,
-                "seeds": SHARP_CURVE_SEEDS}
+                "seeds": TUPLE_CURVE_SEEDS}
     if preset == "numbers":  # the translation table (its sweep keeps the name it had as the quick preset)
         rows = _rows(64, [1, 2, 4, 8, 16], 16, [1, 8])
         return {"name": "head_count_quick", "config": "configs/numbers.py:quick",
@@ -113,7 +129,8 @@ def get_experiment(preset: str = "quick") -> dict:
                 "variants": _rows(128, [1, 2, 4, 8, 16, 32], 32, [1, 2, 8, 16]), "seeds": [0, 1, 2, 3, 4],
                 "design": design()}
     raise ValueError(f"unknown preset '{preset}' for experiments/head_count.py; use demo, quick, lm, lm_powered, "
-                     "lm_mqa, numbers, powered, sharp, sharp_curve, full, bible, bible_all or gpu")
+                     "lm_mqa, numbers, powered, sharp, sharp_curve, sharp_tuple, sharp_tuple_curve, full, bible, "
+                     "bible_all or gpu")
 
 
 # --- published numbers (Vaswani et al. 2017; Shazeer 2019; Ainslie et al. 2023) --------------------------------
@@ -171,28 +188,48 @@ DEMO_PILOT = "experiments/head_count.py:demo --seeds 0,1,2,3,4 (docs/head_count.
 DEMO_SD, DEMO_EFFECT = {"A-h16": 0.0008}, {"A-h16": 0.0015}
 DEMO_PILOT_SEEDS = (0, 1, 2, 3, 4)
 DEMO_SEEDS = [500, 501, 502]
-# The sharp preset: D-retrieval with D = 2 (configs/dretrieval.py: 16 of 64 keys, 4 values) at d_model 16, where
-# the width is below the memorization regime (docs/head_count.md, sharp task): one head against two, in test
-# accuracy at the read-out position (chance 1/16, one slot right 1/4). Margin 0.05: a twentieth of the answers.
-SHARP_MODEL = {"model.d_model": 16}
-SHARP_MARGIN = 0.05
-FINDINGS_SHARP = {"A-h1": Finding("one head is worse than two when an answer needs two lookups (arXiv 2510.06662)",
-                                  "h < D fails, h >= D solves", "down", SHARP_MARGIN)}
+# The sharp preset: D-retrieval with D = 2 whose answer is the looked-up values' sum mod 4 (configs/dretrieval.py:sum;
+# arXiv 2510.06662's outer function F0 on the D retrieved features), one layer with an MLP (the paper's FFN) at
+# d_model 32 (the paper's hidden size), 200k training sequences, 10,000 steps. A sum mod 4 is not a
+# sum of per-lookup scores, so a head cannot read both lookups off one weighted average as it can a tuple answer
+# (the tuple form below, where one head solved as two did); one value alone says nothing of the sum, so a model
+# that retrieves one lookup stays at chance (1/4). Probes (seed 0, docs/head_count.md): one head 0.34, two 0.89.
+# Margin 0.25 (a quarter of the answers, chance's own share): the claim is a transition -- failing against
+# solving -- not a trend.
+SHARP_MARGIN = 0.25
+FINDINGS_SHARP = {"A-h1": Finding("one head fails where two solve when an answer sums two lookups "
+                                  "(arXiv 2510.06662)", "h < D fails, h >= D solves", "down", SHARP_MARGIN),
+                  "A-h4": Finding("four heads solve it as two do (h >= D)", "h >= D solves", "same", SHARP_MARGIN)}
 SHARP_BASELINE = "A-h2"
 SHARP_PAPER = ("arXiv 2510.06662: with h < D heads the parameters needed grow exponentially in T, with h >= D they "
                "do not; its synthetic retrieval shows a transition at h = D (T 8-128, hidden size 32).")
 SHARP_PILOT = "experiments/head_count.py:sharp --seeds 0,1,2,3,4 (docs/head_count.md, sharp task)"
-# Pilot (5.7 min on 2 cores): python scripts/sweep.py --experiment experiments/head_count.py:sharp --workdir \
-#   runs/pilot/head_count_sharp --seeds 0,1,2,3,4 --vmap-seeds --parallel 2: one head 0.59 +- 0.18 (two seeds at
-#   0.76, as good as two heads), two heads 0.71 +- 0.06; paired A-h1 minus A-h2 -0.124, sd 0.152.
-SHARP_SD, SHARP_EFFECT = {"A-h1": 0.152}, {"A-h1": -0.124}
+# Pilot (34 min on 2 cores, shared with two probes): python scripts/sweep.py --experiment \
+#   experiments/head_count.py:sharp --workdir runs/pilot/head_count_sharp_sum --seeds 0,1,2,3,4 --vmap-seeds \
+#   --parallel 2: one head 0.344 +- 0.031, two 0.894 +- 0.024, four 0.940 +- 0.013 (test accuracy, 5 seeds);
+#   paired A-h1 minus A-h2 -0.550, sd 0.028; A-h4 minus A-h2 +0.046, sd 0.024. Every seed made the transition.
+SHARP_SD, SHARP_EFFECT = {"A-h1": 0.028, "A-h4": 0.024}, {"A-h1": -0.550, "A-h4": 0.046}
 SHARP_SEEDS = [100, 101, 102]
-# The sharp_curve preset: the curve the paper plots (accuracy against h, one curve per D) at d_model 64, 3 seeds,
-# no verdict (exploratory: no pilot, and the transition it looks for did not show in the one-seed probes).
-SHARP_CURVE_SEEDS = [200, 201, 202]
+# The sharp_curve preset: the curve the paper plots (accuracy against h, one curve per D) on the summed task, no
+# verdict (the point is the shape; :sharp decides the D = 2 transition).
+SHARP_CURVE_SEEDS = [200, 201]
+# The tuple form (':sharp_tuple', ':sharp_tuple_curve'; docs/head_count.md): the answer names each value (4^D
+# answers), one attention-only layer. One head did as well as two given the steps -- a tuple answer is a sum of
+# per-lookup scores, which one head's weighted average can carry -- so these stay as the record of that.
+TUPLE_MODEL = {"model.d_model": 16}
+FINDINGS_TUPLE = {"A-h1": Finding("one head is worse than two when an answer needs two lookups (arXiv 2510.06662)",
+                                  "h < D fails, h >= D solves", "down", 0.05)}
+TUPLE_PILOT = "experiments/head_count.py:sharp_tuple --seeds 0,1,2,3,4 (docs/head_count.md, sharp task)"
+# Pilot (5.7 min on 2 cores; recorded as ':sharp'): python scripts/sweep.py --experiment \
+#   experiments/head_count.py:sharp_tuple --workdir runs/pilot/head_count_sharp --seeds 0,1,2,3,4 --vmap-seeds \
+#   --parallel 2: one head 0.59 +- 0.18 (two seeds at 0.76, as good as two heads), two heads 0.71 +- 0.06; paired
+#   A-h1 minus A-h2 -0.124, sd 0.152.
+TUPLE_SD, TUPLE_EFFECT = {"A-h1": 0.152}, {"A-h1": -0.124}
+TUPLE_CURVE_SEEDS = [200, 201, 202]
 # How each preset's findings are judged (metric, its label, sign: -1 turns a loss into higher-is-better)
 # and the row they are judged against.
-JUDGED = {"head_count_sharp": ("test_accuracy", "test accuracy at the read-out position", 1.0, SHARP_BASELINE)}
+JUDGED = {name: ("test_accuracy", "test accuracy at the read-out position", 1.0, SHARP_BASELINE)
+          for name in ("head_count_sharp", "head_count_sharp_sum")}
 
 # The language-model rows are judged in minus the test loss (nats; higher is better), so the findings read as
 # above; a margin of 0.02 nats (2% perplexity) is the smallest gap that counts: Vaswani et al.'s one-head loss is
@@ -236,6 +273,7 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     from attn_lab.reporting.plots import errorbar_plot
 
     sharp = getattr(exp, "name", "").startswith("head_count_sharp")  # D-retrieval: Vaswani et al.'s do not apply
+    summed = getattr(exp, "config", "").endswith(":sum")  # configs/dretrieval.py:sum
     lm = not sharp and not any("test_exact_match" in r for r in rows)  # the 'lm' preset: perplexity is the metric
     shown = "test_loss" if lm else "test_accuracy" if sharp else "test_exact_match"
     body, series, status = [], {}, []
@@ -253,7 +291,7 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
         family = variant.split("-")[0]
         if (family in ("A", "B") or family[:1] == "D") and g:
             label = ("d_k = d_model / h" if family == "A" else f"d_k = {dk}" if family == "B"
-                     else f"D = {family[1:]} lookups, d_model 64")
+                     else f"D = {family[1:]} lookups, d_model {h * dk}")
             x, ys = series.setdefault(f"{family}: {label}", ([], []))
             x.append(h)
             ys.append([math.exp(v) for v in column(g, shown)] if lm else column(g, shown))
@@ -267,8 +305,10 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
             f"(Shazeer 2019): BLEU {MULTI_QUERY['mha']['bleu']} -> {MULTI_QUERY['mqa']['bleu']}; GQA-8 "
             f"(Ainslie et al. 2023): {GROUPED_QUERY['mha']} -> {GROUPED_QUERY['gqa8']} (MQA {GROUPED_QUERY['mqa']}).")
     if sharp:
-        note = ("Mean ± std (seeds). Token accuracy is the accuracy at the read-out position (chance 1 / 4^D with 4 "
-                f"values: 1/16 at D = 2, 1/256 at D = 4). Published: {SHARP_PAPER}")
+        chance = ("chance 1/4 at every D: the answer is the looked-up values' sum mod 4" if summed else
+                  "chance 1 / 4^D with 4 values: 1/16 at D = 2, 1/256 at D = 4")
+        note = ("Mean ± std (seeds). Token accuracy is the accuracy at the read-out position "
+                f"({chance}). Published: {SHARP_PAPER}")
     header, body = with_status(header, body, status)
     groups = {variant: g for variant, g, _ in every_variant(rows)}
     metric, label, sign, baseline = JUDGED.get(getattr(exp, "name", ""), (
