@@ -64,7 +64,9 @@ def get_experiment(preset: str = "quick") -> dict:
     1..32, 4000 steps; 'bible' / 'bible_all': French -> English verses (one head vs eight / every row), 3 seeds;
     'gpu': the full bible config (d_model 256 class, 4 rows x 3 seeds), about 10 minutes on one H200 (--vmap-seeds);
     'sharp': one, two and four heads on D-retrieval whose answer sums D = 2 lookups (arXiv 2510.06662's phase
-    transition at h = D), 3 seeds planned from its pilot; 'sharp_curve': accuracy against h = 1..8 for D = 2 and 3;
+    transition at h = D), 3 seeds planned from its pilot; 'sharp_h4': one head against four on that task (h < D
+    against h > D, which solved every seed; h = D learned the sum on some seeds only), 3 new seeds; 'sharp_curve':
+    accuracy against h = 1..8 for D = 2 and 3;
     'sharp_tuple' / 'sharp_tuple_curve': the earlier tuple-answer form, where one head solved it as two did.
 
     Why 150 steps: at 300 steps (the earlier quick preset) every row reached exact match 0.91-0.97 and BLEU
@@ -81,6 +83,10 @@ def get_experiment(preset: str = "quick") -> dict:
         return {"name": "head_count_sharp_sum", "config": "configs/dretrieval.py:sum",
                 "variants": _sharp_rows([2], (1, 2, 4)), "seeds": SHARP_SEEDS,
                 "design": Design.of(FINDINGS_SHARP, SHARP_SD, SHARP_PILOT, PILOT_SEEDS, effect=SHARP_EFFECT)}
+    if preset == "sharp_h4":  # one head against four (h < D < h'): the h = D row sat at the edge of the budget
+        return {"name": "head_count_sharp_h4", "config": "configs/dretrieval.py:sum",
+                "variants": _sharp_rows([2], (1, 4)), "seeds": SHARP_H4_SEEDS,
+                "design": Design.of(FINDINGS_SHARP_H4, SHARP_H4_SD, SHARP_PILOT, PILOT_SEEDS, effect=SHARP_H4_EFFECT)}
     if preset == "sharp_curve":  # read-out accuracy against h for D = 2 and 3 summed lookups: the paper's plot
         return {"name": "head_count_sharp_sum_curve", "config": "configs/dretrieval.py:sum",
                 "variants": _sharp_rows([2, 3], (1, 2, 4, 8)), "seeds": SHARP_CURVE_SEEDS}
@@ -132,8 +138,8 @@ def get_experiment(preset: str = "quick") -> dict:
                 "variants": _rows(128, [1, 2, 4, 8, 16, 32], 32, [1, 2, 8, 16]), "seeds": [0, 1, 2, 3, 4],
                 "design": design()}
     raise ValueError(f"unknown preset '{preset}' for experiments/head_count.py; use demo, quick, lm, lm_powered, "
-                     "lm_mqa, numbers, powered, sharp, sharp_curve, sharp_tuple, sharp_tuple_curve, full, bible, "
-                     "bible_all or gpu")
+                     "lm_mqa, numbers, powered, sharp, sharp_h4, sharp_curve, sharp_tuple, sharp_tuple_curve, full, "
+                     "bible, bible_all or gpu")
 
 
 # --- published numbers (Vaswani et al. 2017; Shazeer 2019; Ainslie et al. 2023) --------------------------------
@@ -213,6 +219,18 @@ SHARP_PILOT = "experiments/head_count.py:sharp --seeds 0,1,2,3,4 (docs/head_coun
 #   paired A-h1 minus A-h2 -0.550, sd 0.028; A-h4 minus A-h2 +0.046, sd 0.024. Every seed made the transition.
 SHARP_SD, SHARP_EFFECT = {"A-h1": 0.028, "A-h4": 0.024}, {"A-h1": -0.550, "A-h4": 0.046}
 SHARP_SEEDS = [100, 101, 102]
+# The sharp_h4 preset: the same task, one head judged against four. The ':sharp' verdict run (seeds 100-102) left
+# h = D undecided -- two heads learned the sum on 1 of 3 seeds at 10,000 steps -- while four heads solved all 10 seeds
+# run and one head none, so the claim the budget can test is h < D fails where h > D solves. Planned from the same
+# pilot (seeds 0-4; its runs are those of ':sharp' above): one head 0.344 +- 0.031, four 0.940 +- 0.013, mean
+# difference -0.596. The pilot's paired sd of A-h1 minus A-h4 was not tabled, so the plan takes the largest any
+# pairing allows, the sum of the two rows' sds (0.031 + 0.013 = 0.045: perfectly anti-correlated seeds). On new seeds
+# 110-112 (the ':sharp' verdict seeds 100-102 were seen before this design, so they are not reused).
+FINDINGS_SHARP_H4 = {"A-h1": Finding("one head fails where four solve when an answer sums two lookups "
+                                     "(arXiv 2510.06662: h < D fails, h > D solves)", "h < D fails, h >= D solves",
+                                     "down", SHARP_MARGIN)}
+SHARP_H4_SD, SHARP_H4_EFFECT = {"A-h1": 0.045}, {"A-h1": -0.596}
+SHARP_H4_SEEDS = [110, 111, 112]
 # The sharp_curve preset: the curve the paper plots (accuracy against h, one curve per D) on the summed task, no
 # verdict (the point is the shape; :sharp decides the D = 2 transition). D = 3, not the issue's 4: a sum of four
 # values mod 4 stayed at chance in 10,000 steps at h = 2 and at h = 4 (train loss ln 4 throughout: no subset of
@@ -234,8 +252,9 @@ TUPLE_SD, TUPLE_EFFECT = {"A-h1": 0.152}, {"A-h1": -0.124}
 TUPLE_CURVE_SEEDS = [200, 201, 202]
 # How each preset's findings are judged (metric, its label, sign: -1 turns a loss into higher-is-better)
 # and the row they are judged against.
-JUDGED = {name: ("test_accuracy", "test accuracy at the read-out position", 1.0, SHARP_BASELINE)
-          for name in ("head_count_sharp", "head_count_sharp_sum")}
+JUDGED = {name: ("test_accuracy", "test accuracy at the read-out position", 1.0, baseline)
+          for name, baseline in (("head_count_sharp", SHARP_BASELINE), ("head_count_sharp_sum", SHARP_BASELINE),
+                                 ("head_count_sharp_h4", "A-h4"))}
 
 # The language-model rows are judged in minus the test loss (nats; higher is better), so the findings read as
 # above; a margin of 0.02 nats (2% perplexity) is the smallest gap that counts: Vaswani et al.'s one-head loss is
