@@ -582,3 +582,21 @@ def test_a_renamed_preset_whose_old_name_is_gone_still_finds_its_recorded_sweep(
         recorded_preset(str(path), "old", "sweep_other")
     assert str(info.value) == (f"the sweep 'sweep_other' was recorded from {path}:old, and no preset of that file "
                                "builds it now: 'old' builds no sweep; 'new' builds 'sweep_old'")
+
+
+def test_the_sharp_head_count_designs_run_on_seeds_their_pilots_did_not_use_and_judge_against_their_baseline():
+    """The D-retrieval head-count presets with a verdict: each runs on seeds its pilot did not use (':sharp_powered'
+    plans from every seed the earlier sharp runs used, so none of those may come back), ':sharp_powered' asks the
+    seeds its plan needs with the finding confirmatory, and one head is judged against the row the preset names."""
+    path = os.path.join(ROOT, "experiments", "head_count.py")
+    spec = importlib.util.spec_from_file_location("_sharp_head_count", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for preset, baseline in (("sharp", "A-h2"), ("sharp_h4", "A-h4"), ("sharp_powered", "A-h4")):
+        exp = load_experiment(os.path.join(ROOT, "experiments", f"head_count.py:{preset}"))
+        assert not set(exp.seeds) & set(exp.design.pilot_seeds), preset
+        assert module.JUDGED[exp.name][3] == baseline and baseline in exp.variants and "A-h1" in exp.variants
+    powered = load_experiment(os.path.join(ROOT, "experiments", "head_count.py:sharp_powered"))
+    assert set(powered.design.pilot_seeds) >= {0, 1, 2, 3, 4, 100, 101, 102, 110, 111, 112}
+    plan = powered.design.plan(len(powered.seeds))["A-h1"]
+    assert plan["confirmatory"] and plan["seeds_needed"] == len(powered.seeds) == 5
