@@ -146,15 +146,21 @@ def test_vmap_seeds_sweep_writes_each_seed_like_a_separate_trial_then_analyzes_a
     assert second.returncode == 0 and "seed=0: skipped" in second.stdout and "seed=1: ok" in second.stdout
 
 
+def _experiment_module(path: str):
+    """An experiment file imported as a module (its constants and ``get_experiment``), outside sys.modules."""
+    spec = importlib.util.spec_from_file_location(f"_presets_{os.path.basename(path)[:-3]}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _shipped_presets() -> list[str]:
     """Every ``<file>:<preset>`` of experiments/, read from each file's own list of presets (the line its
     ``get_experiment`` stops with for an unknown one), so a new experiment or preset is checked without editing
     this file."""
     found = []
     for path in sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py"))):
-        spec = importlib.util.spec_from_file_location(f"_presets_{os.path.basename(path)[:-3]}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _experiment_module(path)
         with pytest.raises(ValueError) as info:
             module.get_experiment("__no_such_preset__")
         names = re.split(r", | or ", str(info.value).split("; use ", 1)[1])
@@ -586,17 +592,26 @@ def test_a_renamed_preset_whose_old_name_is_gone_still_finds_its_recorded_sweep(
 
 def test_the_sharp_head_count_designs_run_on_seeds_their_pilots_did_not_use_and_judge_against_their_baseline():
     """The D-retrieval head-count presets with a verdict: each runs on seeds its pilot did not use (':sharp_powered'
-    plans from every seed the earlier sharp runs used, so none of those may come back), ':sharp_powered' asks the
-    seeds its plan needs with the finding confirmatory, and one head is judged against the row the preset names."""
-    path = os.path.join(ROOT, "experiments", "head_count.py")
-    spec = importlib.util.spec_from_file_location("_sharp_head_count", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    plans from every seed the earlier sharp runs used, so none of those may come back), one head is judged against
+    the row the preset names, and ':sharp_powered''s pooled pilot is what the recorded runs give (docs/head_count.md):
+    its effect their pooled mean, its sd at least their pooled sd with each summary-only run's paired sd at the sum of
+    its rows' sds -- and its plan confirmatory at the seeds it asks for."""
+    module = _experiment_module(os.path.join(ROOT, "experiments", "head_count.py"))
     for preset, baseline in (("sharp", "A-h2"), ("sharp_h4", "A-h4"), ("sharp_powered", "A-h4")):
         exp = load_experiment(os.path.join(ROOT, "experiments", f"head_count.py:{preset}"))
         assert not set(exp.seeds) & set(exp.design.pilot_seeds), preset
         assert module.JUDGED[exp.name][3] == baseline and baseline in exp.variants and "A-h1" in exp.variants
     powered = load_experiment(os.path.join(ROOT, "experiments", "head_count.py:sharp_powered"))
-    assert set(powered.design.pilot_seeds) >= {0, 1, 2, 3, 4, 100, 101, 102, 110, 111, 112}
+    assert set(powered.design.pilot_seeds) == {0, 1, 2, 3, 4, 100, 101, 102, 110, 111, 112, 200, 201}
+    # (seeds, mean of one head minus four, paired sd bound) per summary-only run; single seeds by value.
+    summaries = [(5, 0.3442 - 0.9400, 0.0314 + 0.0132), (3, 0.3687 - 0.9377, 0.0241 + 0.0266)]
+    single = [0.334 - 0.916, 0.366 - 0.941, 0.903 - 0.944, 0.442 - 0.942, 0.346 - 0.943]
+    n = sum(k for k, _, _ in summaries) + len(single)
+    mean = (sum(k * m for k, m, _ in summaries) + sum(single)) / n
+    squares = sum((k - 1) * sd**2 + k * (m - mean) ** 2 for k, m, sd in summaries)
+    squares += sum((d - mean) ** 2 for d in single)
+    assert n == len(powered.design.pilot_seeds)
+    assert powered.design.effect["A-h1"] == pytest.approx(mean, abs=5e-4)
+    assert powered.design.sd["A-h1"] >= (squares / (n - 1)) ** 0.5 - 5e-4
     plan = powered.design.plan(len(powered.seeds))["A-h1"]
     assert plan["confirmatory"] and plan["seeds_needed"] == len(powered.seeds) == 5
