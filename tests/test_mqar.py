@@ -74,3 +74,57 @@ def test_bad_mqar_options_are_one_line(change, message):
     with pytest.raises(ValueError) as e:
         validate_task_config(c)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def _by_pair_reference(inputs, targets, predicted, n):
+    """Recall per listed pair, written out one sequence and one pair at a time."""
+    hits = np.zeros(n)
+    for x, y, p in zip(inputs, targets, predicted):
+        for j in range(n):
+            at = [i for i in range(len(x)) if x[i] == x[2 * j] and y[i] != PAD_ID]  # the query of the j-th key
+            assert len(at) == 1
+            hits[j] += p[at[0]] == y[at[0]]
+    return hits / len(inputs)
+
+
+def test_recall_by_pair_scores_each_listed_pair_at_its_own_query_only():
+    """Filler that repeats a key (random_non_queries) and guesses off the query positions do not count; a
+    model that confuses pairs 1 and 2 on every other sequence shows 0.5 on both and 1.0 on the rest."""
+    rng = np.random.default_rng(3)
+    opts = {**OPTS, "random_non_queries": True}
+    inputs, targets = map(np.stack, zip(*(mqar.mqar_example(rng, **opts) for _ in range(64))))
+    n = OPTS["num_kv_pairs"]
+    predicted = targets.copy()  # right everywhere: the pad "answer" at filler that repeats a key must not count
+    for b in range(0, 64, 2):  # swap the answers of the pairs listed second and third
+        q1, q2 = (np.flatnonzero((inputs[b] == inputs[b, 2 * j]) & (targets[b] != PAD_ID))[0] for j in (1, 2))
+        predicted[b, q1], predicted[b, q2] = targets[b, q2], targets[b, q1]
+    got = mqar.recall_by_pair(inputs, targets, predicted, n)
+    np.testing.assert_array_equal(got, [1.0, 0.5, 0.5, 1.0])
+    predicted[5:9] = rng.integers(0, 64, predicted[5:9].shape)  # some random guesses too
+    np.testing.assert_array_equal(mqar.recall_by_pair(inputs, targets, predicted, n),
+                                  _by_pair_reference(inputs, targets, predicted, n))
+
+
+@pytest.mark.slow
+def test_recall_by_pair_script_reads_a_finished_run_and_refuses_others_in_one_line(tmp_path):
+    """Its recall is the trainer's test accuracy (each sequence queries every key once, so the pairs' mean is the
+    overall recall too); a folder that is no run is one line and exit 1."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "attn_lab.train", "--config", "configs/mqar.py:quick", "--workdir", str(run),
+                    "--config.train.num_steps=30", "--config.train.eval_every=30", "--config.train.checkpoint_every=30",
+                    "--config.task.num_train=512", "--config.task.num_test=200", "--config.task.vocab_size=64",
+                    f"--config.task.data_dir={tmp_path / 'data'}"], cwd=ROOT, check=True, capture_output=True)
+    out = subprocess.run([sys.executable, "scripts/mqar_by_pair.py", "--workdir", str(run)], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    recall, pairs = out[-1].split("recall ")[1].split("; by pair listed 1..4: ")
+    accuracy = json.loads((run / "results.json").read_text())["final"]["test"]["accuracy"]
+    assert abs(float(recall) - accuracy) < 1e-3
+    assert abs(np.mean([float(p) for p in pairs.split()]) - float(recall)) < 2e-3
+    bad = subprocess.run([sys.executable, "scripts/mqar_by_pair.py", "--workdir", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].endswith("is not a run folder (no config.json)")

@@ -68,6 +68,19 @@ def mqar_example(rng: np.random.Generator, *, vocab_size: int, seq_len: int, num
     return inputs, targets
 
 
+def recall_by_pair(inputs: np.ndarray, targets: np.ndarray, predicted: np.ndarray, num_kv_pairs: int) -> np.ndarray:
+    """Recall of the j-th listed pair, per j: ``inputs``, ``targets``, ``predicted`` ``[B, L]`` ids -> ``[N]``, the
+    share of sequences whose query of the key listed j-th is answered with its value. Why: a 2-layer model recalls
+    by copying each key into its value's position with a position-specific first layer, so a circuit that formed
+    for some positions only shows as pairs at ~1.0 beside pairs at chance among the ones it confuses."""
+    n = num_kv_pairs
+    keys = inputs[:, 0 : 2 * n : 2]  # (B, N) the listed keys, in order
+    scored = targets != PAD_ID  # (B, L) the query positions
+    asks = (inputs[:, None, :] == keys[:, :, None]) & scored[:, None, :]  # (B, N, L) where key j is queried
+    correct = (predicted == targets) & scored  # (B, L)
+    return (asks & correct[:, None, :]).any(-1).mean(0)  # (N,)
+
+
 @dataclasses.dataclass(eq=False)
 class MqarConfig(tfds.core.BuilderConfig):
     """Generation parameters; build with :func:`mqar_config` so the name matches."""
