@@ -422,25 +422,29 @@ def test_recall_report_judges_the_four_findings_from_paired_seeds(tmp_path):
         by_row[recall.FINDINGS["linear below attention"].claim][3].startswith("-0.210")
 
 
-def test_recall_state_report_judges_performer_state_from_paired_seeds(tmp_path):
-    """The ':state' preset at T=64: Performer at 256 features 0.2 above 16 on every seed (written out: 0.5 - 0.3,
-    seeds shifted alike), reproduced; its four findings and no length findings are judged."""
+@pytest.mark.parametrize("preset, finding, larger", [("state", "performer state grows", 0.5),
+                                                     ("state_sinusoidal", "performer state grows (64)", 0.5)])
+def test_recall_state_report_judges_performer_state_from_paired_seeds(tmp_path, preset, finding, larger):
+    """The ':state' presets at T=64: Performer at its most features (256; 64 in ':state_sinusoidal') above 16 on
+    every seed (written out: 0.5 - 0.3, seeds shifted alike), reproduced; their four findings and no length findings
+    are judged."""
     recall = _load(os.path.join(ROOT, "experiments", "recall.py"), "experiment_recall")
-    state = recall.get_experiment("state")
+    state = recall.get_experiment(preset)
     value = {"dense": 1.0, "linear": 0.4, "performer": 0.35, "performer-16": 0.3, "performer-256": 0.5}
+    value["performer" if preset == "state_sinusoidal" else "performer-256"] = larger
     rows = [{"variant": name, "seed": seed, "trial": f"variant={name},seed={seed}", "status": "ok",
              "test_accuracy": value[name.split("/")[0]] - 0.01 * (seed - 100) * (name.split("/")[0] != "dense"),
              "test_accuracy_count": 300, "test_loss": 0.1, "steps_per_sec": 5.0}
             for name in state["variants"] for seed in (100, 101, 102)]
     design = Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2),
-                       recall.STATE_FINDINGS, {**RECALL_EFFECT, "performer state grows": 0.2})
-    exp = Experiment(name="recall_state", config="", root="", overrides={},
+                       state["design"].findings, {**RECALL_EFFECT, finding: larger - 0.3})
+    exp = Experiment(name=state["name"], config="", root="", overrides={},
                      axes=[[{"variant": v} for v in state["variants"]]], seeds=[100, 101, 102],
                      variants=state["variants"], design=design)
     by_row = {row[0]: row for row in recall.report(rows, str(tmp_path), exp, str(tmp_path))[1].rows}
-    assert len(by_row) == 4
-    grows = by_row[recall.FINDINGS["performer state grows"].claim]
-    assert grows[3].startswith("+0.200") and grows[-1].startswith("reproduced")
+    assert len(by_row) == 4 and recall.FINDINGS[finding].claim in by_row
+    grows = by_row[recall.FINDINGS[finding].claim]
+    assert grows[3].startswith(f"+{larger - 0.3:.3f}") and grows[-1].startswith("reproduced")
 
 
 def test_head_count_lm_report_judges_minus_the_test_loss(tmp_path):
