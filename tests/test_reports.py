@@ -428,6 +428,8 @@ def test_recall_state_report_judges_performer_state_from_paired_seeds(tmp_path, 
     """The ':state' presets at T=64: Performer at its most features (256; 64 in ':state_sinusoidal') above 16 on
     every seed (written out: 0.5 - 0.3, seeds shifted alike), reproduced; their four findings and no length findings
     are judged."""
+    # ':state_sinusoidal' judges attention alone; its pilot's design (kept in its sweep.json) judged these four
+    judged = ("attention solves", "linear below attention", "performer below attention", finding)
     recall = _load(os.path.join(ROOT, "experiments", "recall.py"), "experiment_recall")
     state = recall.get_experiment(preset)
     value = {"dense": 1.0, "linear": 0.4, "performer": 0.35, "performer-16": 0.3, "performer-256": 0.5}
@@ -437,7 +439,7 @@ def test_recall_state_report_judges_performer_state_from_paired_seeds(tmp_path, 
              "test_accuracy_count": 300, "test_loss": 0.1, "steps_per_sec": 5.0}
             for name in state["variants"] for seed in (100, 101, 102)]
     design = Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2),
-                       state["design"].findings, {**RECALL_EFFECT, finding: larger - 0.3})
+                       judged, {**RECALL_EFFECT, finding: larger - 0.3})
     exp = Experiment(name=state["name"], config="", root="", overrides={},
                      axes=[[{"variant": v} for v in state["variants"]]], seeds=[100, 101, 102],
                      variants=state["variants"], design=design)
