@@ -26,6 +26,7 @@ BATCH = 250  # sequences per forward pass
 
 
 def by_pair(workdir: str) -> str:
+    """One line: the run's recall on its test split and per listed pair (greedy: the top logit at each query)."""
     run = load_finished_run(workdir)
     if run.config.task.name != "mqar":
         raise ValueError(f"--workdir {workdir} is a '{run.config.task.name}' run; this reads MQAR runs only")
