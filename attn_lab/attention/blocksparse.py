@@ -129,13 +129,34 @@ def masked_softmax(logits: jax.Array, counted: jax.Array, visible: jax.Array | N
     its pattern (finite, and never mass on keys outside it -- causality holds even there), and a row with nothing
     counted (the block-filling queries) gets zeros with a safe denominator, so gradients stay finite.
     """
-    logits = logits.astype(jnp.float32)
     keep = counted if visible is None else counted & visible
+    return _kept_softmax(logits.astype(jnp.float32), keep, counted)
+
+
+@jax.custom_vjp
+def _kept_softmax(logits: jax.Array, keep: jax.Array, counted: jax.Array) -> jax.Array:
     logits = jnp.where(keep, logits, NEG)
     top = jax.lax.stop_gradient(logits.max(-1, keepdims=True))  # the softmax does not depend on it
     p = jnp.where(counted, jnp.exp(logits - top), 0.0)
     total = p.sum(-1, keepdims=True)
     return p / jnp.where(total > 0.0, total, 1.0)
+
+
+def _kept_softmax_fwd(logits, keep, counted):
+    p = _kept_softmax(logits, keep, counted)
+    return p, (p, keep)
+
+
+def _kept_softmax_bwd(residuals, g):
+    """The softmax Jacobian from the probabilities alone (what autodiff computes, without keeping the logits,
+    the exponentials and the masked copies alive for the backward pass: the largest temporaries at long T).
+    Uncounted keys have p = 0 and so no gradient; a masked (NEG) logit is a constant, so none either."""
+    p, keep = residuals
+    dlogits = p * (g - (g * p).sum(-1, keepdims=True))
+    return jnp.where(keep, dlogits, 0.0), None, None
+
+
+_kept_softmax.defvjp(_kept_softmax_fwd, _kept_softmax_bwd)
 
 
 def _pad_blocks(x: jax.Array, nb: int, bs: int) -> jax.Array:
@@ -147,27 +168,27 @@ def _pad_blocks(x: jax.Array, nb: int, bs: int) -> jax.Array:
 def _gathered(layout: Layout, x: jax.Array) -> list[jax.Array]:
     """The key (or value) tensor of each source, ``x [B, T, K, H]``, in :attr:`Layout.key_pos` order.
 
-    Block source ``[B, nb, r * bs, K, H]`` (per query block), extra ``[B, e, K, H]`` (shared), columns
+    Blocks then extra keys ``[B, nb, r * bs + e, K, H]`` (per query block: the e shared keys are broadcast so
+    that there is one key axis, not a second [.., e] logits tensor to concatenate), then columns
     ``[B, nb, bs, K, H]`` (indexed by the query's offset; the transpose happens in the einsum).
     """
     nb, bs = layout.num_blocks, layout.block_size
     xb = _pad_blocks(x, nb, bs)  # (B, nb, bs, K, H)
-    picked = xb[:, layout.blocks]  # (B, nb, r, bs, K, H)
-    out = [picked.reshape(x.shape[0], nb, -1, *x.shape[2:])]  # (B, nb, r * bs, K, H)
+    picked = xb[:, layout.blocks].reshape(x.shape[0], nb, -1, *x.shape[2:])  # (B, nb, r * bs, K, H)
     if layout.extra_keys.size:
-        out.append(x[:, layout.extra_keys])  # (B, e, K, H)
+        extra = x[:, None, layout.extra_keys]  # (B, 1, e, K, H)
+        extra = jnp.broadcast_to(extra, (x.shape[0], nb, *extra.shape[2:]))  # (B, nb, e, K, H)
+        picked = jnp.concatenate([picked, extra], axis=2)  # (B, nb, r * bs + e, K, H)
+    out = [picked]
     if layout.columns:
         out.append(xb)  # (B, nb, bs, K, H): key (m, o) for query offset o
     return out
 
 
-# einsum specs per source: query blocks "bqokgh" (B, nb, bs, K, G, H) against each source's keys.
-_LOGIT_SPECS = ("bqokgh,bqskh->bkgqos", "bqokgh,bskh->bkgqos", "bqokgh,bmokh->bkgqom")
-_OUT_SPECS = ("bkgqos,bqskh->bqokgh", "bkgqos,bskh->bqokgh", "bkgqom,bmokh->bqokgh")
-
-
-def _source_kinds(layout: Layout) -> list[int]:
-    return [0] + ([1] if layout.extra_keys.size else []) + ([2] if layout.columns else [])
+# einsum specs per source (blocks + extra keys, then columns): query blocks "bqokgh" (B, nb, bs, K, G, H) against
+# each source's keys. Logits are batch dims first, (B, nb, K, G, bs, C): XLA's CPU dots then need no layout copies.
+_LOGIT_SPECS = ("bqokgh,bqskh->bqkgos", "bqokgh,bmokh->bqkgom")
+_OUT_SPECS = ("bqkgos,bqskh->bqokgh", "bqkgom,bmokh->bqokgh")
 
 
 def _global_rows(layout: Layout, q: jax.Array, key: jax.Array, value: jax.Array, key_valid: jax.Array | None,
@@ -206,19 +227,19 @@ def block_sparse_attention(query: jax.Array, key: jax.Array, value: jax.Array, l
     nb, bs, k = layout.num_blocks, layout.block_size, key.shape[2]
     q = group_heads(query, k) / jnp.sqrt(h).astype(query.dtype)  # (B, T, K, G, H)
     qb = _pad_blocks(q, nb, bs)  # (B, nb, bs, K, G, H)
-    kinds = _source_kinds(layout)
-    parts = [jnp.einsum(_LOGIT_SPECS[i], qb, ks, precision=precision, preferred_element_type=jnp.float32)
-             for i, ks in zip(kinds, _gathered(layout, key))]  # each (B, K, G, nb, bs, C_i)
-    logits = jnp.concatenate(parts, axis=-1)  # (B, K, G, nb, bs, C)
+    parts = [jnp.einsum(spec, qb, ks, precision=precision, preferred_element_type=jnp.float32)
+             for spec, ks in zip(_LOGIT_SPECS, _gathered(layout, key))]  # each (B, nb, K, G, bs, C_i)
+    logits = jnp.concatenate(parts, axis=-1)  # (B, nb, K, G, bs, C)
     visible = None
     if key_valid is not None:
         valid = jnp.pad(key_valid.astype(bool), ((0, 0), (0, nb * bs - t)))  # (B, T_pad)
-        visible = valid[:, layout.key_pos][:, None, None]  # (B, 1, 1, nb, bs, C)
-    probs = masked_softmax(logits, jnp.asarray(layout.allowed), visible)  # (B, K, G, nb, bs, C)
+        visible = valid[:, layout.key_pos][:, :, None, None]  # (B, nb, 1, 1, bs, C)
+    counted = jnp.asarray(layout.allowed)[:, None, None]  # (nb, 1, 1, bs, C)
+    probs = masked_softmax(logits, counted, visible)  # (B, nb, K, G, bs, C)
     splits = np.cumsum([part.shape[-1] for part in parts])[:-1]
     p_parts = jnp.split(probs.astype(value.dtype), splits, axis=-1)
-    out = sum(jnp.einsum(_OUT_SPECS[i], p, vs, precision=precision, preferred_element_type=jnp.float32)
-              for i, p, vs in zip(kinds, p_parts, _gathered(layout, value)))  # (B, nb, bs, K, G, H)
+    out = sum(jnp.einsum(spec, p, vs, precision=precision, preferred_element_type=jnp.float32)
+              for spec, p, vs in zip(_OUT_SPECS, p_parts, _gathered(layout, value)))  # (B, nb, bs, K, G, H)
     out = out.reshape(b, nb * bs, k, n // k, h)[:, :t]  # (B, T, K, G, H)
     g_probs = None
     if layout.global_queries.size:
@@ -235,7 +256,7 @@ def _dense_weights(layout: Layout, probs: jax.Array, g_probs: jax.Array | None, 
     Uncounted entries (duplicates, filler) carry weight 0, so scatter-adding every gathered key is exact.
     """
     b, nb, bs, t = probs.shape[0], layout.num_blocks, layout.block_size, layout.length
-    p = probs.reshape(b, n, nb, bs, -1)  # (B, N, nb, bs, C)
+    p = probs.reshape(b, nb, n, bs, -1).transpose(0, 2, 1, 3, 4)  # (B, N, nb, bs, C)
     rows = np.arange(nb)[:, None, None], np.arange(bs)[None, :, None]
     dense = jnp.zeros((b, n, nb, bs, nb * bs), p.dtype).at[:, :, rows[0], rows[1], layout.key_pos].add(p)
     dense = dense.reshape(b, n, nb * bs, nb * bs)[:, :, :t, :t]  # (B, N, T, T)
