@@ -133,7 +133,7 @@ def masked_softmax(logits: jax.Array, counted: jax.Array, visible: jax.Array | N
     return _kept_softmax(logits.astype(jnp.float32), keep, counted)
 
 
-@jax.custom_vjp
+@jax.custom_jvp
 def _kept_softmax(logits: jax.Array, keep: jax.Array, counted: jax.Array) -> jax.Array:
     logits = jnp.where(keep, logits, NEG)
     top = jax.lax.stop_gradient(logits.max(-1, keepdims=True))  # the softmax does not depend on it
@@ -142,21 +142,17 @@ def _kept_softmax(logits: jax.Array, keep: jax.Array, counted: jax.Array) -> jax
     return p / jnp.where(total > 0.0, total, 1.0)
 
 
-def _kept_softmax_fwd(logits, keep, counted):
+@_kept_softmax.defjvp
+def _kept_softmax_jvp(primals, tangents):
+    """The softmax Jacobian from the probabilities alone: what autodiff computes, but linear in the tangent with
+    only ``p`` and ``keep`` as constants, so reverse mode (its transpose) keeps neither the logits, the exponentials
+    nor the masked copies alive for the backward pass -- the largest temporaries at long T. A JVP rule rather than
+    a VJP one, so forward mode (``jax.jacfwd``) works too. Uncounted keys have p = 0 and so no derivative; a masked
+    (NEG) logit is a constant, so none either."""
+    logits, keep, counted = primals
     p = _kept_softmax(logits, keep, counted)
-    return p, (p, keep)
-
-
-def _kept_softmax_bwd(residuals, g):
-    """The softmax Jacobian from the probabilities alone (what autodiff computes, without keeping the logits,
-    the exponentials and the masked copies alive for the backward pass: the largest temporaries at long T).
-    Uncounted keys have p = 0 and so no gradient; a masked (NEG) logit is a constant, so none either."""
-    p, keep = residuals
-    dlogits = p * (g - (g * p).sum(-1, keepdims=True))
-    return jnp.where(keep, dlogits, 0.0), None, None
-
-
-_kept_softmax.defvjp(_kept_softmax_fwd, _kept_softmax_bwd)
+    dl = jnp.where(keep, tangents[0], 0.0)
+    return p, p * (dl - (p * dl).sum(-1, keepdims=True))
 
 
 def _pad_blocks(x: jax.Array, nb: int, bs: int) -> jax.Array:
