@@ -423,9 +423,10 @@ def test_recall_report_judges_the_four_findings_from_paired_seeds(tmp_path):
 
 
 @pytest.mark.parametrize("preset, finding, larger", [("state", "performer state grows", 0.5),
-                                                     ("state_sinusoidal", "performer state grows (64)", 0.5)])
+                                                     ("state_sinusoidal", "performer state grows (64)", 0.5),
+                                                     ("state_tuned", "performer state grows (64)", 0.5)])
 def test_recall_state_report_judges_performer_state_from_paired_seeds(tmp_path, preset, finding, larger):
-    """The ':state' presets at T=64: Performer at its most features (256; 64 in ':state_sinusoidal') above 16 on
+    """The ':state' presets at T=64: Performer at its most features (256; 64 in the others) above 16 on
     every seed (written out: 0.5 - 0.3, seeds shifted alike), reproduced; their four findings and no length findings
     are judged."""
     # ':state_sinusoidal' judges attention alone; its pilot's design (kept in its sweep.json) judged these four
@@ -433,7 +434,7 @@ def test_recall_state_report_judges_performer_state_from_paired_seeds(tmp_path, 
     recall = _load(os.path.join(ROOT, "experiments", "recall.py"), "experiment_recall")
     state = recall.get_experiment(preset)
     value = {"dense": 1.0, "linear": 0.4, "performer": 0.35, "performer-16": 0.3, "performer-256": 0.5}
-    value["performer" if preset == "state_sinusoidal" else "performer-256"] = larger
+    value["performer-256" if preset == "state" else "performer"] = larger
     rows = [{"variant": name, "seed": seed, "trial": f"variant={name},seed={seed}", "status": "ok",
              "test_accuracy": value[name.split("/")[0]] - 0.01 * (seed - 100) * (name.split("/")[0] != "dense"),
              "test_accuracy_count": 300, "test_loss": 0.1, "steps_per_sec": 5.0}
@@ -447,6 +448,22 @@ def test_recall_state_report_judges_performer_state_from_paired_seeds(tmp_path, 
     assert len(by_row) == 4 and recall.FINDINGS[finding].claim in by_row
     grows = by_row[recall.FINDINGS[finding].claim]
     assert grows[3].startswith(f"+{larger - 0.3:.3f}") and grows[-1].startswith("reproduced")
+
+
+def test_recall_state_tuned_changes_only_each_kernel_s_learning_rate_and_the_budget():
+    """':state_tuned' is ':state_sinusoidal' with each row at its own learning rate (dense 1e-2, the compressed
+    kernels 3e-3) and 3,000 steps: same data, positions, widths and kernels, so a gap is the kernels', not a
+    recipe's."""
+    recall = _load(os.path.join(ROOT, "experiments", "recall.py"), "experiment_recall")
+    tuned, sinusoidal = recall.get_experiment("state_tuned"), recall.get_experiment("state_sinusoidal")
+    assert tuned["variants"].keys() == sinusoidal["variants"].keys()
+    assert {k: v for k, v in tuned["overrides"].items() if not k.startswith("train.")} == \
+        {k: v for k, v in sinusoidal["overrides"].items() if not k.startswith("train.")}
+    assert tuned["overrides"]["train.num_steps"] == 3000 and tuned["overrides"]["model.positions"] == "sinusoidal"
+    for name, row in tuned["variants"].items():
+        lr = row.pop("train.learning_rate")
+        assert lr == (1e-2 if name.startswith("dense") else 3e-3) and row == sinusoidal["variants"][name]
+    assert not set(tuned["seeds"]) & {*sinusoidal["seeds"], *recall.STATE_SEEDS, *recall.VERDICT_SEEDS}
 
 
 def test_head_count_lm_report_judges_minus_the_test_loss(tmp_path):
