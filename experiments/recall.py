@@ -94,7 +94,7 @@ def get_experiment(preset: str = "quick") -> dict:
     """'quick': five kernels x (T, N) in (64, 4), (128, 8) at d_model 64, 3 seeds, 1,000 steps of batch 32 (<= 30
     minutes on 2 CPU cores); 'full': the three lengths, d_model 64 and 128, adaptive span and entmax too, 1,500
     steps of batch 64, 3 seeds (several hours on 2 CPU cores); 'gpu': the papers' sizes -- vocabulary 8192, 100k
-    sequences, T up to 512 (N = 64), d_model 64-256, one head as in Zoology, 3 seeds. 'state' and
+    sequences, T up to 512 (N = 64), d_model 64-256, one head as in Zoology, 3 seeds. 'state',
     'state_sinusoidal' and 'state_tuned': recall against Performer's state at T=64 (the comments above them).
 
     Why quick stops at T=128: exact attention forms its recall circuit abruptly (train recall 0.09 -> 0.99 between
