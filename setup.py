@@ -13,7 +13,10 @@ setup(
         # JAX 0.x minors change APIs: the upper bound moves once CI has passed on the next minor.
         'jax>=0.10.2,<0.11; python_version < "3.12"',
         'flax>=0.12.8,<0.12.9; python_version < "3.12"',
-        'jax>=0.11.2,<0.13; python_version >= "3.12"',
+        # jax 0.12.1 hangs jax.distributed on CPU (two processes on one machine stall at the first collective:
+        # tests/test_trainer.py's multi-host test, 2 of 3 runs; 0.12.0.1 passes in 30 s), so 0.12.0.x until it is fixed.
+        'jax>=0.11.2,<0.12.1; python_version >= "3.12"',
+        'jaxlib<0.12.1; python_version >= "3.12"',
         'flax>=0.12.10,<0.13; python_version >= "3.12"',
         "optax>=0.2.8",
         "ml-collections>=1.1.0",

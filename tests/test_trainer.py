@@ -427,16 +427,21 @@ def test_data_parallel_over_four_devices_and_two_processes_equals_one_device(tmp
     load_task(tiny_numbers(data_dir).task, data_dir)  # prepared once, before three processes read it
     dirs = {"replicated": str(tmp_path / "dp"), "fsdp": str(tmp_path / "fsdp")}
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    # Output to files, not pipes: a host blocked on a full pipe that is not being read yet (the test waits on
+    # another process first) would stall its peer's collective, and both would hang.
+    logs = [tmp_path / f"proc{i}.log" for i in range(3)]
+    outs = [log.open("w") for log in logs]
     devices = subprocess.Popen([sys.executable, "-c", DATA_PARALLEL.format(root=ROOT,
                                                                              data=data_dir, **dirs)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                               stdout=outs[0], stderr=subprocess.STDOUT, env=env)
     code = MULTI_HOST.format(root=ROOT, data=data_dir, address=f"localhost:{_free_port()}",
                              workdir=str(tmp_path / "hosts"))
-    hosts = [subprocess.Popen([sys.executable, "-c", code, str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for i in range(2)]
-    for proc in [devices, *hosts]:
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-2000:]
+    hosts = [subprocess.Popen([sys.executable, "-c", code, str(i)], stdout=outs[i + 1],
+                              stderr=subprocess.STDOUT) for i in range(2)]
+    for proc, out, log in zip([devices, *hosts], outs, logs):
+        proc.wait(timeout=600)
+        out.close()
+        assert proc.returncode == 0, log.read_text()[-2000:]
     c = tiny_numbers(data_dir)
     c.wandb.mode = "disabled"
     train_and_evaluate(c, str(tmp_path / "one"))
