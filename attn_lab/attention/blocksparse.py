@@ -182,7 +182,8 @@ def _gathered(layout: Layout, x: jax.Array) -> list[jax.Array]:
 
 
 # einsum specs per source (blocks + extra keys, then columns): query blocks "bqokgh" (B, nb, bs, K, G, H) against
-# each source's keys. Logits are batch dims first, (B, nb, K, G, bs, C): XLA's CPU dots then need no layout copies.
+# each source's keys. Logits are batch dims first, (B, nb, K, G, bs, C): fewer layout copies around XLA's CPU dots
+# (tests/test_kernels_sparse.py, the memory test at 4K).
 _LOGIT_SPECS = ("bqokgh,bqskh->bqkgos", "bqokgh,bmokh->bqkgom")
 _OUT_SPECS = ("bqkgos,bqskh->bqokgh", "bqkgom,bmokh->bqokgh")
 
