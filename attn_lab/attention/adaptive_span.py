@@ -175,7 +175,8 @@ class AdaptiveSpanAttention(AttentionKernel):
 
     ``z = S clip(v, 0, 1)`` in value; its gradient reaches v straight through the clip, as in the paper's code,
     where v enters the mask unclipped and is clamped to [0, 1] after each optimizer step: here no step hook exists,
-    so a v pushed past a bound keeps the penalty's gradient and returns. Self-attention only (distances between
+    so a v pushed past a bound stays there until the gradient turns (measured: docs/dynamic.md, "Why the spans did not
+    move"). Self-attention only (distances between
     two sequences are undefined), key-padding masks only, no attention dropout. KV-cache decoding: the module
     passes the decoded query's cache slot (``decode_needs_position``), and one step is :func:`span_weights` over
     the cache -- O(S_max) per step and head, like dense decoding (the blockwise path is for long training
