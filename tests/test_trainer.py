@@ -438,10 +438,15 @@ def test_data_parallel_over_four_devices_and_two_processes_equals_one_device(tmp
                              workdir=str(tmp_path / "hosts"))
     hosts = [subprocess.Popen([sys.executable, "-c", code, str(i)], stdout=outs[i + 1],
                               stderr=subprocess.STDOUT) for i in range(2)]
-    for proc, out, log in zip([devices, *hosts], outs, logs):
-        proc.wait(timeout=600)
-        out.close()
-        assert proc.returncode == 0, log.read_text()[-2000:]
+    try:
+        for proc, out, log in zip([devices, *hosts], outs, logs):
+            proc.wait(timeout=600)
+            out.close()
+            assert proc.returncode == 0, log.read_text()[-2000:]
+    finally:  # a hung or failed process must not leave its peers running after the test
+        for proc in [devices, *hosts]:
+            if proc.poll() is None:
+                proc.kill()
     c = tiny_numbers(data_dir)
     c.wandb.mode = "disabled"
     train_and_evaluate(c, str(tmp_path / "one"))
