@@ -57,6 +57,76 @@ def test_no_penalty_term_without_weight(tiny_step):
     assert "span/penalty" not in metrics and "total_loss" not in metrics
 
 
+def _fractions(state):
+    """Every layer's span fractions v of the first seed, by parameter path."""
+    return {jax.tree_util.keystr(path): np.asarray(v)[0] for path, v in jax.tree_util.tree_leaves_with_path(
+        state["params"]) if "span_fraction" in jax.tree_util.keystr(path)}
+
+
+def test_clamp_is_the_unclamped_update_clipped_to_the_unit_interval(tiny_step):
+    """With ``clamp`` a train step ends with v = clip(v + update, 0, 1) (the paper code's ``clamp_param`` after
+    ``optimizer.step()``), written out here from the same step without it; every other parameter is the same. A
+    strong span penalty from v = 0 drives the unclamped v below 0, so the clamp has something to do."""
+    new = {}
+    for clamp in (False, True):
+        c = _config("adaptive_span", max_span=16, ramp=2.0, init_span=0.0, clamp=clamp)
+        c.loss.span.weight = 0.5
+        step, state, batch, _ = tiny_step(c, max_len=17, length=16, objectives=configured(c))
+        new[clamp], _ = step(state, batch)
+    off, on = (dict(jax.tree_util.tree_leaves_with_path(new[k]["params"])) for k in (False, True))
+    spans = [path for path in off if "span_fraction" in jax.tree_util.keystr(path)]
+    assert len(spans) == 4 and all(np.asarray(off[p]).min() < 0.0 for p in spans)
+    for path in off:
+        expected = np.clip(off[path], 0.0, 1.0) if path in spans else off[path]
+        np.testing.assert_allclose(on[path], expected, rtol=1e-6, atol=0, err_msg=jax.tree_util.keystr(path))
+    assert all(np.asarray(on[p]).min() == 0.0 for p in spans)
+
+
+def test_clamped_spans_stay_in_the_unit_interval_over_many_steps(tiny_step):
+    """Ten steps under a penalty that pushes every v down (no warmup, learning rate 1e-2): unclamped fractions drift
+    below 0 (the frozen spans of docs/dynamic.md), clamped ones stay in [0, 1] at every step."""
+    final = {}
+    for clamp in (False, True):
+        c = _config("adaptive_span", max_span=16, ramp=2.0, init_span=0.0, clamp=clamp)
+        c.loss.span.weight, c.train.warmup_steps, c.train.learning_rate = 0.5, 0, 1e-2
+        step, state, batch, _ = tiny_step(c, max_len=17, length=16, objectives=configured(c))
+        final[clamp] = []
+        for _ in range(10):
+            state, _ = step(state, batch)
+            final[clamp] += list(_fractions(state).values())
+    assert min(v.min() for v in final[False]) < -0.05
+    assert all(0.0 <= v.min() and v.max() <= 1.0 for v in final[True])
+
+
+def test_project_sets_fractions_outside_the_unit_interval_to_its_bounds_and_is_free_without_clamp():
+    from flax import nnx
+
+    from attn_lab.attention import build_kernel
+    from attn_lab.train.steps import project
+    kernel = build_kernel({"name": "adaptive_span", "max_span": 8, "clamp": True}, num_heads=4, num_kv_heads=4,
+                          head_dim=8)
+    kernel.span_fraction[...] = np.array([-0.3, 0.4, 1.7, 1.0], np.float32)
+    assert kernel.projects
+    kernel.project()
+    np.testing.assert_array_equal(kernel.span_fraction[...], np.array([0.0, 0.4, 1.0, 1.0], np.float32))
+    for attention, options in (("dense", {}), ("adaptive_span", {"max_span": 8})):  # nothing projects: same leaves
+        model = build_model(_config(attention, **options).model, kind="translation", vocab_size=20, max_len=9,
+                            seed=0)
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        params = nnx.to_pure_dict(params)
+        assert project(graphdef, {"params": params, "model_state": nnx.to_pure_dict(rest)}, params) is params
+
+
+def test_clamp_is_checked_and_a_run_recorded_before_it_compares_as_clamp_off():
+    from attn_lab.train import identity
+    c = _config("adaptive_span", max_span=16)
+    recorded = c.to_dict()
+    del recorded["model"]["attention"]["adaptive_span"]["clamp"]  # a run recorded before the option existed
+    assert identity.differences(recorded, c.to_dict()) == []
+    c.model.attention.adaptive_span.clamp = True
+    assert identity.differences(recorded, c.to_dict()) == [("model.attention.adaptive_span.clamp", identity.ABSENT, True)]
+
+
 def test_per_head_values_of_learning_kernels_only():
     c = _config("entmax", learn_alpha=True, alpha=1.3)
     model = build_model(c.model, kind="translation", vocab_size=20, max_len=17, seed=0)

@@ -236,6 +236,8 @@ def test_weights_path_equals_blockwise_path_in_the_module():
     ("init_span", 1.5, r"attention.init_span must be a fraction in \[0, 1\], got 1.5"),
     ("block_size", 0, "attention.block_size must be a positive integer, got 0"),
     ("block_size", True, "attention.block_size must be a positive integer, got True"),
+    ("clamp", 1, "attention.clamp must be true or false, got 1"),
+    ("clamp", "yes", "attention.clamp must be true or false, got 'yes'"),
 ])
 def test_bad_options_are_one_line_errors(option, value, message):
     with pytest.raises(ValueError, match=message) as err:

@@ -172,15 +172,16 @@ class AdaptiveSpanAttention(AttentionKernel):
       init_span: initial span as a fraction of ``max_span``, in [0, 1] (default 0.0, the paper code's
         ``adapt_span_init``: heads start seeing ``ramp`` tokens and grow where the loss needs it).
       block_size: query/key block size w of the blockwise computation (default 64); skipping is per w keys.
+      clamp: clamp v to [0, 1] after every optimizer step (default False), as the paper's code does
+        (``AdaptiveMask.clamp_param``: "this needs to be called after each update"). Without it a v the loss pushes
+        below 0 stays there: every span of the dynamic LM preset did (docs/dynamic.md, "Why the spans did not move").
 
     ``z = S clip(v, 0, 1)`` in value; its gradient reaches v straight through the clip, as in the paper's code,
-    where v enters the mask unclipped and is clamped to [0, 1] after each optimizer step: here no step hook exists,
-    so a v pushed past a bound stays there until the gradient turns (measured: docs/dynamic.md, "Why the spans did not
-    move"). Self-attention only (distances between
-    two sequences are undefined), key-padding masks only, no attention dropout. KV-cache decoding: the module
-    passes the decoded query's cache slot (``decode_needs_position``), and one step is :func:`span_weights` over
-    the cache -- O(S_max) per step and head, like dense decoding (the blockwise path is for long training
-    sequences). ``need_weights`` returns the dense matrix and the output computed from it, so
+    where v enters the mask unclipped and is clamped to [0, 1] after each optimizer step: here that clamp is the
+    ``clamp`` option (:meth:`project`). Self-attention only (distances between two sequences are undefined),
+    key-padding masks only, no attention dropout. KV-cache decoding: the module passes the decoded query's cache slot
+    (``decode_needs_position``), and one step is :func:`span_weights` over the cache -- O(S_max) per step and head,
+    like dense decoding (the blockwise path is for long training sequences). ``need_weights`` returns the dense matrix and the output computed from it, so
     ``out == dense.apply_weights(weights, value)``. Tests compare at 'highest' matmul precision (tests/conftest.py).
     """
 
@@ -190,7 +191,7 @@ class AdaptiveSpanAttention(AttentionKernel):
     penalty_key = "span"  # config.loss.span.weight x penalty(), summed over layers (attn_lab/objectives/span.py)
 
     def __init__(self, *, max_span: int = 1024, ramp: float = 32.0, init_span: float = 0.0, block_size: int = 64,
-                 **shared: Any):
+                 clamp: bool = False, **shared: Any):
         super().__init__(**shared)
         integer = lambda x: isinstance(x, int) and not isinstance(x, bool)
         number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -198,7 +199,9 @@ class AdaptiveSpanAttention(AttentionKernel):
         _check("ramp", ramp, number(ramp) and ramp > 0, "a positive number (tokens)")
         _check("init_span", init_span, number(init_span) and 0 <= init_span <= 1, "a fraction in [0, 1]")
         _check("block_size", block_size, integer(block_size) and block_size >= 1, "a positive integer")
+        _check("clamp", clamp, isinstance(clamp, bool), "true or false")
         self.max_span, self.ramp, self.init_span, self.block_size = max_span, float(ramp), init_span, block_size
+        self.clamp = clamp
         param_dtype = shared.get("param_dtype") or jnp.float32
         self.span_fraction = nnx.Param(jnp.full((self.num_heads,), init_span, param_dtype))  # v, one per head
 
@@ -206,6 +209,15 @@ class AdaptiveSpanAttention(AttentionKernel):
         """Per-head span z in tokens, ``[num_heads]``: ``S clip(v, 0, 1)``, gradient straight through the clip."""
         v = self.span_fraction[...].astype(jnp.float32)
         return self.max_span * (v + jax.lax.stop_gradient(jnp.clip(v, 0.0, 1.0) - v))
+
+    @property
+    def projects(self) -> bool:
+        return self.clamp
+
+    def project(self) -> None:
+        """v clamped to [0, 1] (the ``clamp`` option): a span the loss pushed out of [0, S] starts the next step at
+        the bound, where the ramp's gradient can bring it back."""
+        self.span_fraction[...] = jnp.clip(self.span_fraction[...], 0.0, 1.0)
 
     def penalty(self) -> jax.Array:
         """Sukhbaatar's span loss of this layer before its coefficient: the mean over heads of z in tokens."""

@@ -62,6 +62,16 @@ class AttentionKernel(nnx.Module):
         """This layer's regularizer before its config weight (kernels with a ``penalty_key`` define it)."""
         raise NotImplementedError(f"attention '{self.name}' has no penalty")
 
+    def project(self) -> None:
+        """Puts this kernel's parameters back into the set they are allowed in, after an optimizer step (a projected
+        gradient step; :func:`attn_lab.train.steps.project` calls it for kernels whose ``projects`` is True).
+        Adaptive span's ``clamp`` option clamps its span fractions to [0, 1] here, as the paper's code does."""
+
+    @property
+    def projects(self) -> bool:
+        """Whether :meth:`project` changes anything (False: the train step leaves the parameters as updated)."""
+        return False
+
     def learned(self) -> dict[str, jax.Array]:
         """Per-head shape parameters, ``{name: [num_heads]}`` (adaptive span: 'span'; entmax: 'alpha', fixed or
         learned), logged at evaluation and reported by head analysis. Kernels without such a parameter have none."""

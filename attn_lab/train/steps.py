@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 
 from attn_lab import objectives as objectives_lib
+from attn_lab.attention.registry import AttentionKernel
 from attn_lab.models import Ctx
 from attn_lab.train import losses
 from attn_lab.train.seeds import seed_map
@@ -102,11 +103,25 @@ def train_step(state: dict, batch: dict, *, graphdef: Any, tx: optax.GradientTra
     (total, (loss, terms, hits, count, new_model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state["params"])
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    new_state = {**state, "step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
-                 "model_state": new_model_state, "opt_state": opt_state}
+    params = project(graphdef, state, optax.apply_updates(state["params"], updates))
+    new_state = {**state, "step": state["step"] + 1, "params": params, "model_state": new_model_state,
+                 "opt_state": opt_state}
     metrics = {"loss": loss, "accuracy": hits / jnp.maximum(count, 1.0), "grad_norm": optax.global_norm(grads),
                "tokens": count, **({"total_loss": total} if terms else {}), **terms}
     return new_state, metrics
+
+
+def project(graphdef: Any, state: dict, params: Any) -> Any:
+    """``params`` after each attention kernel's projection (:meth:`AttentionKernel.project`, e.g. adaptive span's
+    ``clamp``), applied after the optimizer's update: a projected gradient step, as the papers' code does it after
+    ``optimizer.step()``. The very same leaves when no kernel projects: runs without one compute what they did."""
+    model = merge(graphdef, state, params)
+    kernels = [m for _, m in nnx.iter_modules(model) if isinstance(m, AttentionKernel) and m.projects]
+    if not kernels:
+        return params
+    for kernel in kernels:
+        kernel.project()
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 def eval_step(state: dict, batch: dict, *, graphdef: Any) -> dict:
