@@ -124,7 +124,8 @@ def test_clamp_is_checked_and_a_run_recorded_before_it_compares_as_clamp_off():
     del recorded["model"]["attention"]["adaptive_span"]["clamp"]  # a run recorded before the option existed
     assert identity.differences(recorded, c.to_dict()) == []
     c.model.attention.adaptive_span.clamp = True
-    assert identity.differences(recorded, c.to_dict()) == [("model.attention.adaptive_span.clamp", identity.ABSENT, True)]
+    assert identity.differences(recorded, c.to_dict()) == [
+        ("model.attention.adaptive_span.clamp", identity.ABSENT, True)]
 
 
 def test_per_head_values_of_learning_kernels_only():

@@ -181,8 +181,9 @@ class AdaptiveSpanAttention(AttentionKernel):
     ``clamp`` option (:meth:`project`). Self-attention only (distances between two sequences are undefined),
     key-padding masks only, no attention dropout. KV-cache decoding: the module passes the decoded query's cache slot
     (``decode_needs_position``), and one step is :func:`span_weights` over the cache -- O(S_max) per step and head,
-    like dense decoding (the blockwise path is for long training sequences). ``need_weights`` returns the dense matrix and the output computed from it, so
-    ``out == dense.apply_weights(weights, value)``. Tests compare at 'highest' matmul precision (tests/conftest.py).
+    like dense decoding (the blockwise path is for long training sequences). ``need_weights`` returns the dense
+    matrix and the output computed from it, so ``out == dense.apply_weights(weights, value)``. Tests compare at
+    'highest' matmul precision (tests/conftest.py).
     """
 
     supports_cross = False
