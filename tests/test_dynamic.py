@@ -260,4 +260,18 @@ def test_dynamic_presets_resolve_and_bad_preset_is_one_line():
                          capture_output=True, text=True)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
         "error: unknown preset 'tiny' for experiments/dynamic.py; use quick, numbers, full, listops_quick, "
-        "listops_full, lm_quick, lm_full or gpu"]
+        "listops_full, lm_quick, lm_span, lm_full or gpu"]
+
+
+def test_the_span_preset_trains_the_papers_clamped_spans_from_inside_the_interval_against_softmax():
+    """':lm_span': two rows on lm_quick's LM -- softmax and adaptive span with the clamp, started at half the span
+    (the span table's 'moved' rule then measures from 32 tokens) -- on seeds its pilot (0-4) did not use."""
+    dynamic = _dynamic()
+    preset = dynamic.get_experiment("lm_span")
+    assert preset["config"] == "configs/bible_lm.py:quick" and preset["name"].startswith("dynamic_lm")
+    span = preset["variants"]["adaptive_span"]
+    assert span["model.attention.adaptive_span.clamp"] is True and sorted(preset["variants"]) == [
+        "adaptive_span", "softmax"]
+    assert dynamic._init_span(types.SimpleNamespace(variants=preset["variants"])) == 32.0
+    assert list(preset["design"].findings) == ["adaptive_span"]
+    assert not set(preset["seeds"]) & set(preset["design"].pilot_seeds)
