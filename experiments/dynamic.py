@@ -2,6 +2,7 @@
 
   python scripts/sweep.py --experiment experiments/dynamic.py:quick --workdir runs/dynamic_lm --vmap-seeds
   python scripts/make_tables.py --workdir runs/dynamic_lm
+  python scripts/sweep.py --experiment experiments/dynamic.py:lm_span --workdir runs/dynamic_lm_span --vmap-seeds
   python scripts/sweep.py --experiment experiments/dynamic.py:numbers --workdir runs/dynamic --vmap-seeds
   python scripts/sweep.py --experiment experiments/dynamic.py:listops_quick --workdir runs/dynamic_listops --vmap-seeds
 
@@ -81,7 +82,9 @@ def get_experiment(preset: str = "quick") -> dict:
     """'numbers' (the quick preset until the LM took its place; a folder recorded as ':quick' resumes as
     ':numbers') / 'listops_quick': numbers translation (150 steps) / ListOps (lengths 16-64, 600 steps), every
     variant, 5 seeds; 'quick' (= 'lm_quick'): the decoder-only LM (bible_lm, 400 steps), every variant, 5 seeds,
-    judged in test loss (nats) -- the metric whose paired sd is 0.003-0.01 in the head-count LM table;
+    judged in test loss (nats) -- the metric whose paired sd is 0.003-0.01 in the head-count LM table; 'lm_span':
+    softmax and adaptive span trained as the paper's code trains it (spans clamped to [0, S] after every step) on the
+    same LM, 5 seeds;
     'full' / 'listops_full': the tasks' full configs, 3 seeds; 'gpu': ListOps at LRA lengths
     (500-2000 tokens, spans up to 1024), 3 seeds, sized for about 10 minutes on one H200 with --vmap-seeds.
 
