@@ -117,7 +117,7 @@ def test_project_sets_fractions_outside_the_unit_interval_to_its_bounds_and_is_f
         assert project(graphdef, {"params": params, "model_state": nnx.to_pure_dict(rest)}, params) is params
 
 
-def test_clamp_is_checked_and_a_run_recorded_before_it_compares_as_clamp_off():
+def test_a_run_recorded_before_the_clamp_compares_as_clamp_off_and_a_clamped_one_differs():
     from attn_lab.train import identity
     c = _config("adaptive_span", max_span=16)
     recorded = c.to_dict()
