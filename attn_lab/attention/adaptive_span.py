@@ -173,8 +173,9 @@ class AdaptiveSpanAttention(AttentionKernel):
         ``adapt_span_init``: heads start seeing ``ramp`` tokens and grow where the loss needs it).
       block_size: query/key block size w of the blockwise computation (default 64); skipping is per w keys.
       clamp: clamp v to [0, 1] after every optimizer step (default False), as the paper's code does
-        (``AdaptiveMask.clamp_param``: "this needs to be called after each update"). Without it a v the loss pushes
-        below 0 stays there: every span of the dynamic LM preset did (docs/dynamic.md, "Why the spans did not move").
+        (``AdaptiveMask.clamp_param``: "this needs to be called after each update"). Without it v can sink below 0,
+        where the forward pass no longer changes: every head's v of the dynamic LM preset ended at -0.11 to -0.39
+        (docs/dynamic.md, "Why the spans did not move").
 
     ``z = S clip(v, 0, 1)`` in value; its gradient reaches v straight through the clip, as in the paper's code,
     where v enters the mask unclipped and is clamped to [0, 1] after each optimizer step: here that clamp is the
