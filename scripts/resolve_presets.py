@@ -35,6 +35,8 @@ def _presets(path: str, function: str) -> list[str]:
     spec = importlib.util.spec_from_file_location(f"_presets_{os.path.basename(path)[:-3]}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if isinstance(getattr(module, "PRESETS", None), dict):  # a declared experiment (attn_lab.experiment)
+        return list(module.PRESETS)
     try:
         getattr(module, function)("__no_such_preset__")
     except ValueError as e:
@@ -43,11 +45,15 @@ def _presets(path: str, function: str) -> list[str]:
 
 
 def resolve_all() -> dict[str, dict]:
-    """``{'configs/x.py:preset': config dict, 'experiments/y.py:preset/<trial>': config dict}``."""
+    """``{'configs': {'configs/x.py:preset': config dict, 'experiments/y.py:preset/<trial>': config dict},
+    'designs': {'experiments/y.py:preset': {'name', 'seeds', 'design'}}}``: every config as its run resolves it, and
+    every experiment preset's sweep name, seeds and design (what its verdict run registers; the pilot's description
+    left out: it names where the numbers came from, not what they are)."""
     from attn_lab.sweep.runner import trial_config
     from attn_lab.sweep.spec import load_config_file, load_experiment
 
     out: dict[str, dict] = {}
+    designs: dict[str, dict] = {}
     root = _root()
     for path in sorted(glob.glob(os.path.join(root, "configs", "*.py"))):
         for preset in _presets(path, "get_config"):
@@ -56,14 +62,36 @@ def resolve_all() -> dict[str, dict]:
     for path in sorted(glob.glob(os.path.join(root, "experiments", "*.py"))):
         for preset in _presets(path, "get_experiment"):
             exp = load_experiment(f"{path}:{preset}")
+            record = exp.design.record() if exp.design else None
+            if record:
+                record.pop("pilot", None)
+            designs[f"experiments/{os.path.basename(path)}:{preset}"] = {"name": exp.name, "seeds": list(exp.seeds),
+                                                                         "design": record}
             for trial in exp.trials():
                 name = f"experiments/{os.path.basename(path)}:{preset}/{trial.name}"
                 out[name] = trial_config(exp, trial, [], "/identity-check")  # absolute: the same on both checkouts
-    return json.loads(json.dumps(out))  # as a record holds it (tuples as lists)
+    return json.loads(json.dumps({"configs": out, "designs": designs}))  # as a record holds it (tuples as lists)
 
 
 def compare(before: dict[str, dict], after: dict[str, dict]) -> int:
-    """Prints the counts and the first differences; returns the number that differ under the identity rule."""
+    """Prints the counts and the first differences; returns the number of configs that differ under the identity
+    rule plus the number of presets (in both) whose sweep name, seeds or design changed."""
+    designs_before, designs_after = before.get("designs", {}), after.get("designs", {})
+    changed = _compare_configs(before.get("configs", before), after.get("configs", after))
+    common = sorted(set(designs_before) & set(designs_after))
+    moved = [n for n in common if designs_before[n] != designs_after[n]]
+    print(f"{len(common)} experiment presets in both ({len(set(designs_before) - set(designs_after))} only before, "
+          f"{len(set(designs_after) - set(designs_before))} only after); {len(moved)} with another name, seeds or design")
+    for name in moved[:10]:
+        old, new = designs_before[name], designs_after[name]
+        keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        print(f"  design: {name}: " + "; ".join(f"{k}: {json.dumps(old.get(k))[:150]} -> {json.dumps(new.get(k))[:150]}"
+                                               for k in keys))
+    return changed + len(moved)
+
+
+def _compare_configs(before: dict[str, dict], after: dict[str, dict]) -> int:
+    """The resolved configs' counts and first differences; the number that differ under the identity rule."""
     from attn_lab.train.identity import differences, flat
 
     common = sorted(set(before) & set(after))
@@ -91,7 +119,8 @@ def main() -> int:
     resolved = resolve_all()
     with open(args.out, "w") as f:
         json.dump(resolved, f, indent=1, sort_keys=True)
-    print(f"wrote {len(resolved)} resolved configs to {args.out}")
+    print(f"wrote {len(resolved['configs'])} resolved configs and {len(resolved['designs'])} experiment presets to "
+          f"{args.out}")
     if args.compare:
         with open(args.compare) as f:
             return 1 if compare(json.load(f), resolved) else 0

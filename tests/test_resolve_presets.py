@@ -22,23 +22,30 @@ def test_every_preset_resolves_and_a_changed_key_is_found_by_value_and_by_identi
     out = tmp_path / "now.json"
     proc = _run("--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    resolved = json.loads(out.read_text())
+    written = json.loads(out.read_text())
+    resolved, designs = written["configs"], written["designs"]
     names = list(resolved)
     assert any(n.startswith("configs/numbers.py:quick") for n in names)
     assert any(n.startswith("experiments/head_count.py:quick/") for n in names)  # trials, one per seed
     assert all(isinstance(c["model"]["num_heads"], int) for c in resolved.values())
+    assert designs["experiments/head_count.py:quick"]["name"] == "head_count_lm"
+    assert designs["experiments/head_count.py:quick"]["design"]["findings"]["A-h1"]["sd"] > 0  # from its plan file
 
     same = _run("--out", str(tmp_path / "again.json"), "--compare", str(out))
     assert same.returncode == 0 and f"{len(names)} resolved configs in both" in same.stdout
     assert "0 differ in some value, 0 under the identity rule" in same.stdout
+    assert f"{len(designs)} experiment presets in both (0 only before, 0 only after); 0 with another" in same.stdout
 
-    before = json.loads(out.read_text())  # "before": one trial trained another head count, one lacked a key
-    first = names[0]
+    before = json.loads(out.read_text())  # "before": one trial trained another head count, one lacked a key,
+    first = names[0]  # and one preset planned with another sd
     second = next(n for n in names[1:] if flat(resolved[n])["train.weight_decay"] == DEFAULT_WEIGHT_DECAY)
-    before[first]["model"]["num_heads"] += 1
-    del before[second]["train"]["weight_decay"]  # absent: compares at today's default, the value it has
+    before["configs"][first]["model"]["num_heads"] += 1
+    del before["configs"][second]["train"]["weight_decay"]  # absent: compares at today's default, the value it has
+    before["designs"]["experiments/head_count.py:quick"]["design"]["findings"]["A-h1"]["sd"] = 0.5
     (tmp_path / "before.json").write_text(json.dumps(before))
     changed = _run("--out", str(tmp_path / "after.json"), "--compare", str(tmp_path / "before.json"))
     assert changed.returncode == 1
     assert "2 differ in some value, 1 under the identity rule" in changed.stdout
     assert f"identity: {first}: model.num_heads:" in changed.stdout
+    assert "1 with another name, seeds or design" in changed.stdout
+    assert "design: experiments/head_count.py:quick: design:" in changed.stdout

@@ -70,8 +70,10 @@ def main(argv: list[str]) -> int:
         sys.exit(f"error: --workdir={sweep_dir}: {info_path} has no key {e} (written by python -m attn_lab.sweep)")
     except (OSError, ValueError) as e:
         sys.exit(f"error: --workdir={sweep_dir}: {info_path}: {e}".replace("\n", " "))
-    if exp.report_fn is None:
-        sys.exit(f"error: {path} defines no report(rows, sweep_dir, exp, out_dir, bench); add one (experiments/*.py)")
+    if exp.report_fn is None:  # the shared report: every arm and the verdicts
+        from attn_lab.reporting.default import default_report
+
+        exp = dataclasses.replace(exp, report_fn=default_report)
     name = pathlib.Path(path).stem  # tables/<name>.md
     try:
         rows = collect(exp, sweep_dir)

@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 from absl import flags
 
@@ -38,6 +39,7 @@ from attn_lab.io import write_json_atomic
 from attn_lab.reporting.stats import INTERVAL
 from attn_lab.reporting.tables import read_json
 from attn_lab.reporting.verdicts import EXPLORATORY, file_sha256, plan_text, registration
+from attn_lab.sweep import pilot as pilot_lib
 from attn_lab.sweep.runner import (
     check_trials,
     child_env,
@@ -47,7 +49,7 @@ from attn_lab.sweep.runner import (
     run_sweep,
     write_csv,
 )
-from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment, recorded_preset
+from attn_lab.sweep.spec import Experiment, Trial, load_config_file, load_experiment
 from attn_lab.sweep.wandb_sweep import sweep_definition, trial_from_wandb, write_sweep_yaml
 from attn_lab.train.workdir import WorkdirBusy, WorkdirLock
 
@@ -64,6 +66,13 @@ _TABLES = flags.DEFINE_bool("tables", True, "At the end, write and print the exp
 _VMAP_SEEDS = flags.DEFINE_bool("vmap-seeds", False, "Train the seeds of each trial in one process (jax.vmap).")
 _EXPORT_WANDB = flags.DEFINE_string("export-wandb", None, "Write the sweep as a W&B grid sweep YAML and exit.")
 _WANDB_TRIAL = flags.DEFINE_string("wandb-trial", None, "(W&B agent) run the one trial with these JSON parameters.")
+_PILOT = flags.DEFINE_bool("pilot", False, "Train the preset's pilot seeds (or --seeds) and write its plan, "
+                           "plans/<sweep name>.json beside the experiment file, from each finding's paired difference.")
+_PILOT_AND_VERDICT = flags.DEFINE_bool("pilot-and-verdict", False, "Pilot the preset into <workdir>/pilot unless its "
+                                       "plan is current, print the plan, then run the verdict in <workdir>/verdict; "
+                                       "rerun to resume whichever stage is unfinished.")
+_MAX_SEEDS = flags.DEFINE_integer("max-seeds", None, "With --pilot-and-verdict: verdict seeds as many as the plan "
+                                  "needs, at most this many (default: the preset's).", lower_bound=3)
 flags.mark_flags_as_required(["experiment", "workdir"])
 
 
@@ -107,10 +116,16 @@ def _check_workdir(exp: Experiment, workdir: str, extra: list[str]) -> None:
     check_trials(exp, workdir, extra)
 
 
-def _load() -> tuple[Experiment, list[Trial]]:
-    """The experiment (with ``--seeds``) and this invocation's trials, every input checked; writes nothing."""
-    exp = load_experiment(_EXPERIMENT.value)
-    if _SEEDS.value:
+def _load(spec: str | None = None, stage: str = "") -> tuple[Experiment, list[Trial]]:
+    """The experiment (with ``--seeds``; ``stage`` 'pilot': its pilot, 'verdict': capped by ``--max-seeds``) and
+    this invocation's trials, every input checked; writes nothing."""
+    spec = spec or _EXPERIMENT.value
+    exp = load_experiment(spec)
+    if stage == "pilot":
+        exp = pilot_lib.pilot_experiment(exp, spec, _SEEDS.value)
+    elif stage == "verdict" and _MAX_SEEDS.value:
+        exp = dataclasses.replace(exp, seeds=pilot_lib.capped_seeds(exp, _MAX_SEEDS.value))
+    if _SEEDS.value and stage != "pilot":
         exp = dataclasses.replace(exp, seeds=_SEEDS.value)
         for seed in exp.seeds:
             check_seed(seed, "--seeds")
@@ -162,15 +177,9 @@ def _check_owner(exp: Experiment, spec: str, workdir: str) -> None:
         return
     path, _, preset = spec.partition(":")
     was, now = old.get("experiment", ""), f"{os.path.abspath(path)}:{preset or 'quick'}"
-    was_preset = was.rpartition(":")[2]
     same_file = was.rpartition(":")[0] == os.path.abspath(path) or (
         (old.get("registration") or {}).get("experiment_sha256") == file_sha256(path))
-    if same_file and old.get("name") == exp.name and was_preset != (preset or "quick"):
-        try:  # a preset renamed since this folder was recorded: the file's RENAMED_PRESETS names its new name
-            was_preset = recorded_preset(path, was_preset, exp.name)
-        except ValueError:
-            pass  # refused below, naming both
-    if old.get("name") != exp.name or was_preset != (preset or "quick") or not same_file:
+    if old.get("name") != exp.name or not same_file:  # a sweep is known by its name (a renamed preset keeps it)
         raise ValueError(f"--workdir={workdir} holds the sweep '{old.get('name')}' ({was}); this is '{exp.name}' "
                          f"({now}): give each experiment its own --workdir")
 
@@ -202,7 +211,7 @@ def _result_overrides(extra: list[str]) -> dict[str, str]:
     return {k: v for k, _, v in pairs if not k.startswith(NEUTRAL)}
 
 
-def register(exp: Experiment, spec: str, workdir: str, extra: list[str]) -> None:
+def register(exp: Experiment, spec: str, workdir: str, extra: list[str], pilot: bool = False) -> None:
     """``sweep.json``: where the experiment is (for make_tables) and, written once when the sweep first starts, its
     registration -- the file's sha256, design, seeds, budgets and command-line overrides -- which a resumed sweep
     keeps."""
@@ -213,15 +222,53 @@ def register(exp: Experiment, spec: str, workdir: str, extra: list[str]) -> None
     reg = keep or registration(exp, path, extra)
     if keep and reg.get("experiment_sha256") != file_sha256(path):
         print(f"note: {path} changed since this sweep started; its tables judge the design registered then")
+    if not keep:  # the plan it was planned from (a later re-pilot leaves this copy as it was), and whether a pilot
+        reg = {**reg, "plan": None if pilot else exp.plan, "pilot": pilot}
     write_json_atomic(info_path, {"experiment": experiment, "root": exp.root, "name": exp.name, "registration": reg})
 
 
 def main(argv: list[str]) -> int:
-    """Checks everything, then lists (``--dry-run``), exports (``--export-wandb``) or runs the trials."""
+    """Checks everything, then lists (``--dry-run``), exports (``--export-wandb``) or runs the trials: the verdict
+    run, the pilot (``--pilot``) or both in turn (``--pilot-and-verdict``)."""
     extra, spec, workdir = argv[1:], _EXPERIMENT.value, _WORKDIR.value
+    if _PILOT.value and _PILOT_AND_VERDICT.value:
+        sys.exit("error: --pilot and --pilot-and-verdict: give one (the second runs the first when it is needed)")
+    if _MAX_SEEDS.value is not None and not _PILOT_AND_VERDICT.value:
+        sys.exit(f"error: --max-seeds={_MAX_SEEDS.value}: it caps the verdict seeds of --pilot-and-verdict; a plain "
+                 "run takes --seeds")
+    if _PILOT_AND_VERDICT.value:
+        return _pilot_and_verdict(spec, workdir, extra)
+    return _stage(spec, workdir, extra, "pilot" if _PILOT.value else "verdict")
+
+
+def _pilot_and_verdict(spec: str, workdir: str, extra: list[str]) -> int:
+    """The pilot into ``<workdir>/pilot`` unless the preset's plan is current, then the verdict into
+    ``<workdir>/verdict`` (each stage resumes where a rerun finds it)."""
+    if _DRY_RUN.value or _EXPORT_WANDB.value or _WANDB_TRIAL.value or _SEEDS.value:
+        sys.exit("error: --pilot-and-verdict runs both stages; --dry-run, --export-wandb, --wandb-trial and --seeds "
+                 "go with --pilot or a plain run")
     try:
-        exp, trials = _load()
+        exp = load_experiment(spec)
+        pilot_lib.pilot_experiment(exp, spec, None)  # a preset that can be piloted: one line otherwise
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    if exp.plan is None or exp.plan_problem:
+        code = _stage(spec, os.path.join(workdir, "pilot"), extra, "pilot")
+        if code:
+            return code
+    else:
+        print(f"plan {exp.plan_path} is current (pilot seeds {','.join(map(str, exp.plan['pilot']['seeds']))}): no "
+              "pilot (--pilot pilots again)")
+    return _stage(spec, os.path.join(workdir, "verdict"), extra, "verdict", summary=True)
+
+
+def _stage(spec: str, workdir: str, extra: list[str], stage: str, summary: bool = False) -> int:
+    """One sweep: ``stage`` 'verdict' (needs a current plan where the preset has one) or 'pilot' (writes it)."""
+    try:
+        exp, trials = _load(spec, stage)
         _check_overrides(exp, extra)
+        if stage == "verdict":
+            pilot_lib.check_verdict(exp, spec)
         if not (_EXPORT_WANDB.value or _DRY_RUN.value):
             _check_workdir(exp, workdir, extra)
             _check_registration(exp, spec, workdir, extra)
@@ -241,14 +288,35 @@ def main(argv: list[str]) -> int:
             print(t.name, " ".join(override_flags(t.overrides)))
         print(f"every trial also gets: {' '.join(extra)}" if extra else "every trial also gets: no pass-through "
               "overrides")
-        print(design_text(exp))
+        print(design_text(exp) if stage == "verdict" else f"pilot: writes {exp.plan_path} from seeds "
+              f"{','.join(map(str, exp.seeds))}")
         return 0
+    if summary and exp.plan:
+        print(pilot_lib.plan_summary(exp, exp.plan, list(exp.seeds)))
     lock = None if _WANDB_TRIAL.value else _lock(workdir)  # W&B agents share one folder by design
     try:
-        return _run(exp, spec, trials, workdir, extra)
+        start = time.monotonic()
+        code, statuses = _run(exp, spec, trials, workdir, extra)
+        if stage != "pilot" or code:
+            return code
+        wall = time.monotonic() - start if all(s == "ok" for s in statuses.values()) else None  # resumed: partial
+        return _write_plan(exp, spec, workdir, wall)
     finally:
         if lock is not None:
             lock.release()
+
+
+def _write_plan(exp: Experiment, spec: str, workdir: str, wall: float | None) -> int:
+    """The finished pilot's plan, written beside the experiment file and printed; none when it cannot be measured."""
+    try:
+        path, plan = pilot_lib.write_from_pilot(exp, spec, collect(exp, workdir), workdir, sys.argv, wall)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    planned = load_experiment(spec)
+    print(f"wrote {path}")
+    print(pilot_lib.plan_summary(planned, plan, list(planned.seeds)))
+    return 0
 
 
 def _lock(workdir: str) -> WorkdirLock:
@@ -262,10 +330,10 @@ def _lock(workdir: str) -> WorkdirLock:
     return lock
 
 
-def _run(exp: Experiment, spec: str, trials: list[Trial], workdir: str, extra: list[str]) -> int:
+def _run(exp: Experiment, spec: str, trials: list[Trial], workdir: str, extra: list[str]) -> tuple[int, dict]:
     """Registers and runs the trials, then writes results.csv and the table (also after SIGINT / SIGTERM: then one
-    line says so and the exit code is 130 / 143)."""
-    register(exp, spec, workdir, extra)
+    line says so and the exit code is 130 / 143); returns (exit code, each trial's status)."""
+    register(exp, spec, workdir, extra, pilot=exp.design is not None and exp.design.pilot == pilot_lib.PILOT)
     statuses, signum = run_sweep(exp, trials, workdir, parallel=_PARALLEL.value, extra=extra,
                                  vmap_seeds=_VMAP_SEEDS.value, status_every=_STATUS_EVERY.value)
     rows = collect(exp, workdir, statuses)
@@ -274,21 +342,18 @@ def _run(exp: Experiment, spec: str, trials: list[Trial], workdir: str, extra: l
         done = sum(s in ("ok", "skipped") for s in statuses.values())
         print(f"stopped by {signals.NAMES.get(signum, signum)}: {done} of {len(trials)} trials finished, "
               f"{os.path.join(workdir, 'results.csv')} written; the same command resumes the rest", file=sys.stderr)
-        return 128 + signum
+        return 128 + signum, statuses
     print(format_table(rows))
     finished = all(s in ("ok", "skipped") for s in statuses.values())
     if _TABLES.value and finished:
         _print_tables(exp, workdir)
-    return 0 if finished else 1
+    return (0 if finished else 1), statuses
 
 
 def _print_tables(exp: Experiment, workdir: str) -> None:
     """The experiment's tables -- mean +- sd over seeds per variant and, with a design, the verdict rows -- written
     and printed by the reporting command (a subprocess: the sweep does not import the reporting layer's entry)."""
     again = f"python -m attn_lab.reporting --workdir {workdir}"  # scripts/make_tables.py runs the same
-    if exp.report_fn is None:
-        print(f"no tables: the experiment file defines no report() ({again} says how to add one)")
-        return
     proc = subprocess.run([sys.executable, "-m", "attn_lab.reporting", "--workdir", workdir], capture_output=True,
                           text=True, env=child_env())
     if proc.returncode != 0:

@@ -1,6 +1,13 @@
 """Experiment files -> validated trials.
 
-An experiment file (``experiments/<table>.py``) has ``get_experiment(preset) -> dict`` with keys:
+An experiment file declares ``PRESETS = {'quick': Preset(...), ...}`` (:mod:`attn_lab.experiment`): each preset's
+sweep name, base config, fixed overrides, arms, seeds, pilot seeds and the findings it judges, as data; what its
+pilot measured comes from its plan file (:mod:`attn_lab.sweep.plans`), never from the file. Beside ``PRESETS`` it may
+define ``report(rows, sweep_dir, exp, out_dir, bench) -> [Table]`` (default:
+:func:`attn_lab.reporting.default.default_report`), ``differences(rows, sweep_dir, exp)`` (default: each finding's
+arm against the baseline) and ``pilot_measures(rows, sweep_dir, exp) -> dict`` (what else its plan records).
+
+A file may instead define ``get_experiment(preset) -> dict`` with keys:
 
 - ``name``: the sweep's name (also the W&B group of every trial);
 - ``config``: the base config, ``'configs/<task>.py[:preset]'``; a relative path is looked up next to the experiment
@@ -8,23 +15,16 @@ An experiment file (``experiments/<table>.py``) has ``get_experiment(preset) -> 
   disk can name the shipped configs or its own;
 - ``overrides``: fixed ``{'dotted.key': value}`` applied to every trial;
 - ``grid``: ``{'dotted.key': [values]}``, crossed as a product;
-- ``zip``: a list of ``{'dotted.key': [values], ...}`` groups whose lists advance together (one axis each), e.g.
-  ``num_heads`` with ``head_dim`` for fixed-d_k head-count ablations;
+- ``zip``: a list of ``{'dotted.key': [values], ...}`` groups whose lists advance together (one axis each);
 - ``variants``: ``{'name': {'dotted.key': value, ...}}``, one axis of named settings (``variant=<name>`` in the trial
-  name), for tables whose rows are not a product -- e.g. head-count rows, MQA and GQA in one sweep;
-  A variant's value ``'{trial:<variant>}'`` names the trial of that variant at the same point and seed (e.g.
+  name). A variant's value ``'{trial:<variant>}'`` names the trial of that variant at the same point and seed (e.g.
   ``'train.init_from': '{trial:A-h8}'``: GQA uptrained from each seed's finished 8-head run); such a trial runs
   once the one it names has finished;
 - ``seeds``: list of seeds (crossed with everything else);
 - ``analyze``: ``{'what': 'ablate,prune', 'metric': 'bleu', ...}``: flags of ``python -m attn_lab.analysis`` (key
   ``max_batches`` -> ``--max-batches``; a list value is written comma-separated), run on every trial once it
   finishes (skipped when its ``analysis/<method>.json`` files exist);
-- ``design``: an :class:`attn_lab.reporting.verdicts.Design` -- the findings the report judges, their margins and
-  the per-seed standard deviations expected from a pilot on other seeds. ``--dry-run`` prints what the preset can
-  detect per finding, and the sweep records the design in ``sweep.json`` before any trial starts.
-
-Beside ``get_experiment`` the file defines ``report(rows, sweep_dir, exp, out_dir, bench) -> [Table]``, next to its
-published numbers: the tables ``python -m attn_lab.reporting --workdir <sweep>`` makes of the sweep.
+- ``design``: an :class:`attn_lab.reporting.verdicts.Design` (findings, margins, pilot numbers).
 
 Everything is checked against the base config before any trial starts: unknown keys, empty axes, zipped lists of
 unequal length and duplicate trials each stop with one line.
@@ -41,7 +41,10 @@ from typing import Any
 import ml_collections
 
 from attn_lab.checks import call_user_function, check_seed, load_user_module
+from attn_lab.experiment import Powered, Preset
+from attn_lab.reporting.plan import MIN_PAIRS
 from attn_lab.reporting.verdicts import Design
+from attn_lab.sweep import plans
 
 KEYS = ("name", "config", "overrides", "grid", "zip", "variants", "seeds", "analyze", "design")
 # key -> (type, what it must be): the shape of what get_experiment returns
@@ -86,6 +89,12 @@ class Experiment:
     report_fn: Any = None  # the experiment file's ``report`` function, if it defines one
     design: Design | None = None  # what the preset promises before it runs (attn_lab.reporting.verdicts)
     judge: str = "registered"  # tables: judge the design registered in sweep.json, or 'current': the file's own
+    preset: Preset | None = None  # the declaration (a PRESETS file), else None (a get_experiment file)
+    plan: dict[str, Any] | None = None  # the preset's plan file, as read
+    plan_path: str = ""
+    plan_problem: str | None = None  # why the plan cannot plan a verdict run now (stale, missing for Powered seeds)
+    differences_fn: Any = None  # the file's ``differences``; None: each finding's arm against the baseline
+    measures_fn: Any = None  # the file's ``pilot_measures``; None: the plan records nothing more
 
     def trials(self) -> list[Trial]:
         """Every combination of the axes and seeds, named from its swept values; a ``{trial:<variant>}`` value
@@ -200,7 +209,7 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
         raise ValueError(f"experiment file not found: {path}")
     if not os.path.isfile(path):
         raise ValueError(f"--experiment={spec}: {path} is a folder, not an experiment file")
-    raw, module = _raw_experiment(path, preset or "quick")
+    raw, module, declared = _raw_experiment(path, preset or "quick")
     root = root or PROJECT_ROOT
     config_path = resolve_config(raw["config"], path, root)
     try:
@@ -230,7 +239,9 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
         raise ValueError(f"{path}: seeds: seed {twice[0]} is given twice; give each seed once")
     exp = Experiment(name=raw["name"], config=config_path, root=root, overrides=dict(raw.get("overrides", {})),
                      axes=axes, seeds=seeds, variants=dict(variants), analyze=dict(raw.get("analyze", {})),
-                     report_fn=getattr(module, "report", None), design=raw.get("design"))
+                     report_fn=getattr(module, "report", None), design=raw.get("design"),
+                     differences_fn=getattr(module, "differences", None),
+                     measures_fn=getattr(module, "pilot_measures", None), **declared)
     names = [t.name for t in exp.trials()]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
@@ -238,32 +249,47 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
     return exp
 
 
+# Presets retired from the shipped experiments (their story is on each experiment's docs page): sweep name -> the
+# last commit whose experiment files build it. A folder recorded under one is refused in one line naming that commit.
+RETIRED_AT = "72bccb1"
+RETIRED = dict.fromkeys(("head_count_powered", "head_count_sharp", "head_count_sharp_curve", "head_count_bible",
+                         "head_count_bible_all", "dynamic_listops_quick", "dynamic_listops_full", "dynamic_lm_full",
+                         "recall_state_sinusoidal", "variants_long"), RETIRED_AT)
+
+
 def recorded_preset(path: str, preset: str, name: str) -> str:
     """The preset of ``path`` that builds the sweep a folder recorded as ``preset`` under ``name``: ``preset`` while
-    it still builds ``name``; else the preset a file's ``RENAMED_PRESETS = {old: new}`` moved it to, when that one
-    builds ``name`` (a renamed preset never orphans a folder already recorded). A one-line ValueError when neither
-    does: its trials would be tabulated or resumed as another experiment's."""
+    it still builds ``name``, else the declared preset whose sweep is ``name`` (a preset renamed since: a sweep is
+    known by its name). A one-line ValueError when none does -- its trials would be tabulated or resumed as another
+    experiment's -- naming the last commit that builds it where the preset was retired."""
     module = load_user_module(path, "_attn_lab_experiment")
-    built = {}
-    for candidate in (preset, (getattr(module, "RENAMED_PRESETS", None) or {}).get(preset)):
-        if candidate is None:
-            continue
-        try:  # a renamed preset's old name may be gone from the file: an unknown preset builds nothing
-            now = call_user_function(path, module, "get_experiment", candidate)
+    presets = getattr(module, "PRESETS", None)
+    if isinstance(presets, dict):
+        builds = {p: getattr(v, "name", None) for p, v in presets.items()}
+    else:
+        try:  # a get_experiment file: only the recorded preset itself can build it
+            now = call_user_function(path, module, "get_experiment", preset)
         except ValueError:
             now = None
-        built[candidate] = now.get("name") if isinstance(now, dict) else None
-        if built[candidate] == name:
-            return candidate
-    said = "; ".join(f"'{p}' builds '{n}'" if n else f"'{p}' builds no sweep" for p, n in built.items())
-    renamed = "" if len(built) > 1 else " (and RENAMED_PRESETS names no new name for it)"
+        builds = {preset: now.get("name") if isinstance(now, dict) else None}
+    if builds.get(preset) == name:
+        return preset
+    found = [p for p, n in builds.items() if n == name]
+    if found:
+        return found[0]
+    said = f"'{preset}' builds '{builds[preset]}'" if builds.get(preset) else f"it has no preset '{preset}'"
+    retired = (f"; that preset was retired after commit {RETIRED[name]}: tabulate or resume this folder from a "
+               f"checkout of {RETIRED[name]}" if name in RETIRED else "")
     raise ValueError(f"the sweep '{name}' was recorded from {path}:{preset}, and no preset of that file builds it "
-                     f"now: {said}{renamed}")
+                     f"now ({said}){retired}")
 
 
-def _raw_experiment(path: str, preset: str) -> tuple[dict[str, Any], Any]:
-    """(``get_experiment(preset)`` of the file, checked for its keys and their types (one line each), the module)."""
+def _raw_experiment(path: str, preset: str) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    """(``get_experiment(preset)`` of the file or its declared preset with its plan, checked for its keys and their
+    types (one line each), the module, the declaration's own fields of :class:`Experiment`)."""
     module = load_user_module(path, "_attn_lab_experiment")
+    if hasattr(module, "PRESETS"):
+        return _declared(path, module, preset)
     if not callable(getattr(module, "get_experiment", None)):
         raise ValueError(f"{path}: no get_experiment(preset) function")
     raw = call_user_function(path, module, "get_experiment", preset)
@@ -282,7 +308,57 @@ def _raw_experiment(path: str, preset: str) -> tuple[dict[str, Any], Any]:
     for key, items in (("zip", raw.get("zip", [])), ("variants", raw.get("variants", {}).values())):
         if not all(isinstance(item, dict) for item in items):
             raise ValueError(f"{path}: experiment key '{key}' must be {SHAPES[key][1]}, got {raw[key]!r}")
-    return raw, module
+    return raw, module, {}
+
+
+def preset_names(path: str, presets: Any) -> str:
+    """``'a, b or c'``: the presets a file declares, as its unknown-preset line lists them."""
+    names = list(presets)
+    return ", ".join(names[:-1]) + (" or " if len(names) > 1 else "") + names[-1]
+
+
+def declared_preset(path: str, module: Any, preset: str) -> Preset:
+    """The :class:`Preset` ``preset`` of a file's ``PRESETS``, in one line when it has none or it is not one."""
+    presets = module.PRESETS
+    shown = os.path.join(os.path.basename(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
+    if not isinstance(presets, dict) or not presets or not all(isinstance(p, Preset) for p in presets.values()):
+        raise ValueError(f"{path}: PRESETS must be a non-empty dict {{name: attn_lab.experiment.Preset}}")
+    if preset not in presets:
+        raise ValueError(f"unknown preset '{preset}' for {shown}; use {preset_names(path, presets)}")
+    owner: dict[str, str] = {}
+    for key, value in presets.items():  # a sweep is known by its name: two presets building one are one preset
+        first = owner.setdefault(value.name, key)
+        if presets[first] is not value:
+            raise ValueError(f"{path}: presets '{first}' and '{key}' both build the sweep '{value.name}'; give each "
+                             "its own name (an alias is the same Preset object)")
+    return presets[preset]
+
+
+def _declared(path: str, module: Any, name: str) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    """A declared preset as ``get_experiment`` would return it, its design read from its plan file (Powered seeds:
+    as many as that plan needs), and the fields :class:`Experiment` keeps of the declaration."""
+    preset = declared_preset(path, module, name)
+    path_of_plan = plans.plan_path(path, preset.name)
+    plan = plans.read_plan(path_of_plan)
+    problem = plans.plan_problem(plan, preset, path_of_plan, f"{path}:{name}")
+    design = plans.design_of(preset, plan, path_of_plan)
+    seeds = list(preset.seeds) if not isinstance(preset.seeds, Powered) else None
+    if seeds is None:
+        first, cap = preset.seeds.first, preset.seeds.cap
+        if plan is None or problem:
+            seeds = list(range(first, first + MIN_PAIRS))
+            problem = problem or (f"{path}:{name} takes as many seeds as its plan needs, and {path_of_plan} does not "
+                                  f"exist; pilot it first: {plans.pilot_command(f'{path}:{name}')}")
+        else:
+            seeds = design.powered_seeds(first)[:cap]
+    for key in [*preset.findings, *([preset.baseline] if preset.baseline else [])]:
+        if getattr(module, "differences", None) is None and key not in preset.arms:
+            raise ValueError(f"{path}:{name}: finding or baseline '{key}' is not an arm; arms: {', '.join(preset.arms)}")
+    raw = {"name": preset.name, "config": preset.config, "overrides": dict(preset.overrides),
+           "grid": {k: list(v) for k, v in preset.grid.items()}, "variants": {k: dict(v) for k, v in preset.arms.items()},
+           "seeds": seeds, "analyze": dict(preset.analyze), "design": design}
+    raw = {k: v for k, v in raw.items() if v or k in ("variants", "seeds")}
+    return raw, module, {"preset": preset, "plan": plan, "plan_path": path_of_plan, "plan_problem": problem}
 
 
 def _values(path: str, key: str, values: Any) -> list:

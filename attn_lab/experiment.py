@@ -1,0 +1,106 @@
+"""An experiment as a declaration: its arms, its findings and its presets, as data.
+
+An experiment file (``experiments/<table>.py``, or any file of a researcher's own) declares
+
+- ``PRESETS = {'quick': Preset(...), ...}``: each preset names its sweep, base config, budget overrides, the arms it
+  trains (named variants: ``{'A-h8': {'model.num_heads': 8}}``), the seeds its verdict runs on (or
+  :class:`Powered`: as many as its plan needs), the seeds its pilot runs on, and the findings it judges -- which arm
+  is compared with which (``baseline``), in which metric (:class:`Metric`), with which margin;
+- optionally ``report(rows, sweep_dir, exp, out_dir, bench) -> [Table]`` for the columns and plots that are its own
+  (:func:`attn_lab.reporting.default.default_report` tables every arm and the verdicts), and
+  ``differences(rows, sweep_dir, exp)`` where a finding is not one arm against the baseline (pruning curves).
+
+What a pilot measured -- each finding's effect and paired sd -- is never typed into the file: ``attn-sweep
+--experiment FILE:PRESET --pilot`` trains the pilot seeds and writes ``plans/<sweep name>.json`` beside the file
+(:mod:`attn_lab.sweep.plans`), which the verdict run reads and registers. A plan records the :func:`fingerprint` of
+the preset it was made for; a preset whose trials or findings changed since is refused until it is piloted again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from attn_lab.reporting.verdicts import Finding
+
+__all__ = ["Finding", "Metric", "Powered", "Preset", "fingerprint"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """The quantity a preset's findings are decided in.
+
+    Attributes:
+      key: the results.json field, e.g. ``'test_loss'`` (a trial's final test metric).
+      label: how the verdict table names it, e.g. ``'minus the test loss (nats)'``.
+      sign: -1 where lower is better (a loss): the difference is taken of ``sign * value``, so every finding
+        reads 'higher is better'.
+    """
+
+    key: str
+    label: str
+    sign: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Powered:
+    """Verdict seeds ``first, first + 1, ...``: as many as the preset's plan says give every finding with a pilot a
+    chance of a verdict of 0.8 (:meth:`attn_lab.reporting.verdicts.Design.powered_seeds`), at most ``cap``."""
+
+    first: int
+    cap: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """One sweep of an experiment, as data (see the module docstring).
+
+    Attributes:
+      name: the sweep's name (W&B group, ``tables/``; names the plan file ``plans/<name>.json``).
+      config: the base config, ``'configs/<task>.py[:preset]'``.
+      arms: ``{arm: {'dotted.key': value}}``, one trial per arm and seed (a ``'{trial:<arm>}'`` value starts from
+        that arm's finished trial of the same seed).
+      seeds: the verdict run's seeds, or :class:`Powered`.
+      findings: ``{key: Finding}``; a key names the compared arm (or what ``differences`` returns).
+      baseline: the arm every finding is compared with (the default differences).
+      metric: what decides (the default differences, the pilot's effects and sds).
+      pilot_seeds: the seeds ``--pilot`` trains; never the verdict's.
+      overrides: fixed ``{'dotted.key': value}`` of every trial (budgets).
+      grid: ``{'dotted.key': [values]}`` crossed with the arms.
+      analyze: flags of ``python -m attn_lab.analysis`` run on every finished trial.
+      options: the experiment's own report parameters (e.g. which lengths are judged); part of the fingerprint.
+    """
+
+    name: str
+    config: str
+    arms: Mapping[str, Mapping[str, Any]]
+    seeds: Sequence[int] | Powered = (0, 1, 2)
+    findings: Mapping[str, Finding] = dataclasses.field(default_factory=dict)
+    baseline: str | None = None
+    metric: Metric | None = None
+    pilot_seeds: Sequence[int] = (0, 1, 2, 3, 4)
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    grid: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
+    analyze: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> "Preset":
+        """A copy with ``changes`` (presets built from presets: ``LM.replace(name=..., findings=...)``)."""
+        return dataclasses.replace(self, **changes)
+
+
+def fingerprint(preset: Preset) -> str:
+    """The first 16 hex digits of the sha256 of what a pilot's numbers depend on: the config, overrides, arms, grid,
+    analysis and options (what is trained and measured) and each finding's comparison (key, direction, margin), the
+    baseline and the metric (what is judged). Seeds, claims' wording and published numbers are left out: a plan
+    stays valid when they change."""
+    judged = {k: [f.direction, f.margin, f.exploratory] for k, f in preset.findings.items()}
+    metric = None if preset.metric is None else [preset.metric.key, preset.metric.sign]
+    body = {"config": preset.config, "overrides": preset.overrides, "arms": preset.arms, "grid": preset.grid,
+            "analyze": preset.analyze, "options": preset.options, "findings": judged, "baseline": preset.baseline,
+            "metric": metric}
+    text = json.dumps(body, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
