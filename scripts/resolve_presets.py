@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import gzip
 import importlib.util
 import json
 import os
@@ -114,7 +115,8 @@ def _compare_configs(before: dict[str, dict], after: dict[str, dict]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write the resolved configs to")
-    parser.add_argument("--compare", help="a --out file of another commit to compare with")
+    parser.add_argument("--compare", help="a --out file of another commit to compare with (.json or .json.gz; "
+                        "tests/data/resolved_presets_72bccb1.json.gz: every preset before experiments were declared)")
     args = parser.parse_args()
     resolved = resolve_all()
     with open(args.out, "w") as f:
@@ -122,7 +124,8 @@ def main() -> int:
     print(f"wrote {len(resolved['configs'])} resolved configs and {len(resolved['designs'])} experiment presets to "
           f"{args.out}")
     if args.compare:
-        with open(args.compare) as f:
+        opener = gzip.open if args.compare.endswith(".gz") else open
+        with opener(args.compare, "rt") as f:
             return 1 if compare(json.load(f), resolved) else 0
     return 0
 

@@ -1,6 +1,7 @@
 """scripts/resolve_presets.py, the identity check of a refactor: it resolves every config and trial preset the way
 their runs do, and ``--compare`` tells a change of value from a change of what a run is (the identity rule)."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -49,3 +50,21 @@ def test_every_preset_resolves_and_a_changed_key_is_found_by_value_and_by_identi
     assert f"identity: {first}: model.num_heads:" in changed.stdout
     assert "1 with another name, seeds or design" in changed.stdout
     assert "design: experiments/head_count.py:quick: design:" in changed.stdout
+
+
+def test_the_declared_experiments_resolve_to_the_trials_and_designs_of_the_files_they_replaced(tmp_path):
+    """Issue 58's refactor changed no preset that stays: against every preset resolved at 72bccb1 (before experiments
+    were declared; their pilot numbers then typed into the files, now in experiments/plans/), each kept preset has the
+    same trials, configs, sweep name, seeds and design; only the retired presets are gone. (A preset changed on
+    purpose -- a new design -- is a new snapshot: `python scripts/resolve_presets.py --out x.json` at that commit.)"""
+    from attn_lab.sweep.spec import RETIRED
+
+    proc = _run("--out", str(tmp_path / "now.json"), "--compare",
+                os.path.join(ROOT, "tests", "data", "resolved_presets_72bccb1.json.gz"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ", 0 under the identity rule" in proc.stdout
+    assert "0 only after); 0 with another name, seeds or design" in proc.stdout
+    now = json.loads((tmp_path / "now.json").read_text())["designs"]
+    with gzip.open(os.path.join(ROOT, "tests", "data", "resolved_presets_72bccb1.json.gz"), "rt") as f:
+        before = json.load(f)["designs"]
+    assert {before[k]["name"] for k in set(before) - set(now)} <= set(RETIRED)

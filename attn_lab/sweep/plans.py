@@ -18,7 +18,6 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from attn_lab.environment import git_state
 from attn_lab.experiment import Preset, fingerprint
 from attn_lab.io import write_json_atomic
 from attn_lab.reporting import stats
@@ -141,6 +140,8 @@ def build_plan(preset: Preset, spec: str, numbers: Mapping[str, dict], pilot: Ma
 def pilot_record(seeds: Sequence[int], workdir: str, command: Sequence[str], wall_seconds: float | None,
                  steps_per_sec: Mapping[str, float]) -> dict[str, Any]:
     """Where the pilot's numbers come from: its seeds, folder, command, commit, wall time and steps/s per arm."""
+    from attn_lab.environment import git_state  # imports jax: only once a pilot has run
+
     git = git_state()
     return {"seeds": list(seeds), "workdir": os.path.abspath(workdir), "command": " ".join(command),
             "commit": git["commit"], "dirty": git["dirty"],
