@@ -109,6 +109,35 @@ def test_every_refusal_is_one_line_before_anything_is_written(tmp_path):
     assert "pilot it first" in unplanned.stderr and not work.exists()
 
 
+def test_a_pilot_measures_each_finding_and_writes_its_plan_only_once_every_trial_finished(tmp_path):
+    """The plan from a pilot's rows: each finding's paired difference in the preset's metric (minus the test loss:
+    h1 minus h2), the plan at the verdict seeds, where the numbers came from; a pilot with an unfinished trial
+    (another shard's) writes nothing."""
+    from attn_lab.sweep import pilot
+
+    path = _write(tmp_path / "outside")
+    exp = pilot.pilot_experiment(load_experiment(f"{path}:quick"), f"{path}:quick", None)
+    losses = {("h1", 0): 1.30, ("h1", 1): 1.24, ("h1", 2): 1.29, ("h2", 0): 1.20, ("h2", 1): 1.20, ("h2", 2): 1.21}
+    rows = [{"variant": arm, "seed": seed, "trial": f"variant={arm},seed={seed}", "status": "ok", "test_loss": loss,
+             "steps_per_sec": 4.0} for (arm, seed), loss in losses.items()]
+    waiting = [*rows[:-1], {**rows[-1], "status": "not run"}]
+    with pytest.raises(ValueError, match="1 of 6 trials have not finished .*no plan is written"):
+        pilot.write_from_pilot(exp, f"{path}:quick", waiting, str(tmp_path), ["cmd"], 10.0)
+    assert not os.path.exists(exp.plan_path)
+    written, plan = pilot.write_from_pilot(exp, f"{path}:quick", rows, str(tmp_path), ["cmd"], 10.0)
+    diffs = [-(1.30 - 1.20), -(1.24 - 1.20), -(1.29 - 1.21)]  # minus the loss: h1's higher loss is negative
+    mean = sum(diffs) / 3
+    sd = (sum((d - mean) ** 2 for d in diffs) / 2) ** 0.5
+    assert written == exp.plan_path and json.load(open(written)) == plan
+    assert plan["findings"]["h1"]["effect"] == pytest.approx(mean, abs=1e-6)
+    assert plan["findings"]["h1"]["sd"] == pytest.approx(sd, abs=1e-6) and plan["findings"]["h1"]["pairs"] == 3
+    assert plan["pilot"]["seeds"] == [0, 1, 2] and plan["pilot"]["wall_seconds"] == 10.0
+    assert plan["pilot"]["steps_per_sec"] == {"h1": 4.0, "h2": 4.0} and plan["plan"]["verdict_seeds"] == 3
+    assert set(plan["plan"]["findings"]["h1"]) >= {"chance", "confirmatory", "seeds_needed", "sd_plan"}
+    planned = load_experiment(f"{path}:quick")
+    assert planned.plan_problem is None and planned.design.effect["h1"] == pytest.approx(mean, abs=1e-6)
+
+
 @pytest.mark.slow
 def test_one_command_from_an_outside_experiment_to_its_verdict_resumes_and_a_re_pilot_keeps_the_verdict(tmp_path):
     """--pilot-and-verdict on a file outside the package: the pilot (seeds 0-2) writes plans/mine_quick.json beside

@@ -64,7 +64,13 @@ def check_verdict(exp: Experiment, spec: str) -> None:
 
 def write_from_pilot(exp: Experiment, spec: str, rows: list[dict], workdir: str, command: Sequence[str],
                      wall: float | None) -> tuple[str, dict[str, Any]]:
-    """Measures the finished pilot and writes its plan (nothing when a finding cannot be measured)."""
+    """Measures the finished pilot and writes its plan (nothing when a finding cannot be measured, or while a trial
+    of the pilot -- another shard's -- has not finished: the invocation that finishes the last one writes it)."""
+    waiting = [r["trial"] for r in rows if r.get("status") not in ("ok", "skipped")]
+    if waiting:
+        raise ValueError(f"pilot: {len(waiting)} of {len(rows)} trials have not finished (e.g. {waiting[0]}: "
+                         f"{rows[[r['trial'] for r in rows].index(waiting[0])].get('status')}); no plan is written "
+                         "until every one has (rerun the pilot, or the shards still running, to finish them)")
     measured = exp.measures_fn(rows, workdir, exp) if exp.measures_fn else {}
     measuring = dataclasses.replace(exp, plan={**(exp.plan or {}), "measured": measured})
     diffs, diverged = default.differences(rows, workdir, measuring)
