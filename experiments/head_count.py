@@ -7,7 +7,8 @@ fixed d_k (rows ``B-h<h>``), and 8 query heads sharing 1 or 2 key/value heads (`
 
 Presets: ``demo`` (the Quickstart), ``quick`` = ``lm`` (the decoder-only LM, in nats), ``lm_powered`` / ``lm_mqa``
 (one finding at the seeds its plan asks), ``numbers`` (translation, exact match), ``sharp`` / ``sharp_h4`` /
-``sharp_powered`` / ``sharp_curve`` (D-retrieval), ``full``, ``gpu``. Why each budget, and every run: docs/head_count.md.
+``sharp_powered`` / ``sharp_curve`` (D-retrieval), ``full``, ``gpu``. Why each budget, and every run:
+docs/head_count.md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import math
 import os
 
 from attn_lab.experiment import Finding, Metric, Powered, Preset
-from attn_lab.published.vaswani import BEAM, GROUPED_QUERY, MULTI_QUERY, SHARP as SHARP_PAPER, TABLE3, vs
+from attn_lab.published.vaswani import BEAM, GROUPED_QUERY, MULTI_QUERY, TABLE3, vs
+from attn_lab.published.vaswani import SHARP as SHARP_PAPER
 from attn_lab.reporting.default import Column, default_columns, metric_column, results_table, verdicts
 from attn_lab.reporting.tables import Table, column, every_variant, unfinished_table
 

@@ -82,7 +82,8 @@ def compare(before: dict[str, dict], after: dict[str, dict]) -> int:
     common = sorted(set(designs_before) & set(designs_after))
     moved = [n for n in common if designs_before[n] != designs_after[n]]
     print(f"{len(common)} experiment presets in both ({len(set(designs_before) - set(designs_after))} only before, "
-          f"{len(set(designs_after) - set(designs_before))} only after); {len(moved)} with another name, seeds or design")
+          f"{len(set(designs_after) - set(designs_before))} only after); {len(moved)} with another name, seeds or "
+          "design")
     for name in moved[:10]:
         old, new = designs_before[name], designs_after[name]
         keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))

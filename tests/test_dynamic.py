@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 
 import jax
 import numpy as np
@@ -190,19 +189,22 @@ def _dynamic():
     return dynamic
 
 
-def _exp(dynamic):
-    """The experiment as the report sees it: a pilot (seeds 10-14) that saw no loss at sd 0.001 (confirmatory at 3
-    seeds)."""
+def _exp(preset: str = "numbers"):
+    """The preset as the sweep loads it, on the rows' seeds 0-2, under a design whose pilot (seeds 10-14) saw no loss
+    at sd 0.001 (confirmatory at 3 seeds)."""
     from attn_lab.reporting.verdicts import Design
+    from attn_lab.sweep.spec import load_experiment
 
-    design = Design(dynamic.FINDINGS, dict.fromkeys(dynamic.FINDINGS, 0.001), "pilot", (10, 11, 12, 13, 14),
-                    effect=dict.fromkeys(dynamic.FINDINGS, 0.0))
-    return types.SimpleNamespace(seeds=[0, 1, 2], design=design, variants=dynamic.VARIANTS)
+    exp = load_experiment(os.path.join(ROOT, "experiments", f"dynamic.py:{preset}"))
+    findings = exp.preset.findings
+    design = Design(findings, dict.fromkeys(findings, 0.001), "pilot", (10, 11, 12, 13, 14),
+                    effect=dict.fromkeys(findings, 0.0))
+    return dataclasses.replace(exp, seeds=[0, 1, 2], design=design)
 
 
 def test_dynamic_report_reads_learned_values_and_zero_weights(tmp_path):
     dynamic = _dynamic()
-    tables = dynamic.report(_fake_sweep(tmp_path), str(tmp_path), _exp(dynamic), str(tmp_path))
+    tables = dynamic.report(_fake_sweep(tmp_path), str(tmp_path), _exp(), str(tmp_path))
     quality = {r[0]: r for r in tables[0].rows}
     assert quality["adaptive_span"][4] == "enc 21.5 / dec 21.5"  # mean of 3 and 40
     assert quality["entmax_learned"][5] == "enc 1.50 / dec 1.50"
@@ -212,10 +214,12 @@ def test_dynamic_report_reads_learned_values_and_zero_weights(tmp_path):
     assert alpha["encoder_self"][3:] == ["50%", "0%", "50%"]  # 1.1 softmax-like, 1.9 sparsemax-like
     assert len(tables[2].rows) == 3 * 4  # seeds x layers with spans
     assert "24 of 24 heads (every seed) moved 1+ tokens from their initial span 0: spans learned" in tables[2].note
+    assert "max_span 64 (ramp 8.0 added on top)" in tables[2].note
     verdicts = {r[0].split(" (")[0]: r[3:] for r in tables[3].rows}  # exact match vs softmax, paired by seed
     assert verdicts["1.5-entmax matches softmax"][0].startswith("+0.011 [")
     assert verdicts["1.5-entmax matches softmax"][-1] == "reproduced (no collapse in 3 seeds: rate < 63%)"
     assert verdicts["adaptive span keeps quality at a fraction of the span"][-1] == "not reproduced"  # -0.05
+    assert "exact match" in tables[3].note
 
 
 @pytest.mark.parametrize("spans, moved", [((0.0, 0.4), 0), ((0.0, 30.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 12)])
@@ -224,7 +228,7 @@ def test_spans_that_did_not_move_are_reported_as_a_fixed_window(tmp_path, spans,
     labelled as that, not as adaptive span -- also when a few heads moved far (1 in 8 per layer, 30 tokens: the
     old one-token-spread check passed it)."""
     dynamic = _dynamic()
-    tables = dynamic.report(_fake_sweep(tmp_path, spans=spans), str(tmp_path), _exp(dynamic), str(tmp_path))
+    tables = dynamic.report(_fake_sweep(tmp_path, spans=spans), str(tmp_path), _exp(), str(tmp_path))
     total = 3 * 4 * len(spans)
     assert f"{moved} of {total} heads (every seed) moved" in tables[2].note and "did not learn" in tables[2].note
     verdicts = {r[0].split(" (")[0]: r for r in tables[3].rows}
@@ -235,43 +239,59 @@ def test_spans_that_did_not_move_are_reported_as_a_fixed_window(tmp_path, spans,
 
 
 def test_dynamic_lm_preset_judges_minus_the_test_loss_and_spans_every_kind(tmp_path):
-    """'lm_quick': a decoder-only LM has no cross-attention, so adaptive span sets no per-kind override; rows carry a
-    test loss and no exact match, and the findings are judged in minus the loss (nats): a lower loss is better."""
+    """'lm_quick' (= 'quick'): a decoder-only LM has no cross-attention, so adaptive span sets no per-kind override;
+    rows carry a test loss and no exact match, and the findings are judged in minus the loss (nats): a lower loss is
+    better."""
     dynamic = _dynamic()
-    preset = dynamic.get_experiment("lm_quick")
-    assert preset["config"] == "configs/bible_lm.py:quick" and preset["name"] == "dynamic_lm_quick"
-    assert not any(k.startswith("model.kinds.") for k in preset["variants"]["adaptive_span"])
+    preset = dynamic.PRESETS["lm_quick"]
+    assert dynamic.PRESETS["quick"] is preset and preset.name == "dynamic_lm_quick"
+    assert preset.config == "configs/bible_lm.py:quick" and preset.metric.sign == -1.0
+    assert not any(k.startswith("model.kinds.") for k in preset.arms["adaptive_span"])
     rows = [{k: v for k, v in r.items() if k not in ("test_exact_match", "test_bleu")} | {
         "test_loss": 5.0 - r["test_exact_match"]} for r in _fake_sweep(tmp_path)]
-    exp = _exp(dynamic)
-    exp.name, exp.design = "dynamic_lm_quick", dataclasses.replace(exp.design, findings=dynamic.FINDINGS_LM)
-    verdicts = {r[0].split(" (")[0]: r[3:] for r in dynamic.report(rows, str(tmp_path), exp, str(tmp_path))[3].rows}
+    judged = dynamic.report(rows, str(tmp_path), _exp("lm_quick"), str(tmp_path))[3]
+    verdicts = {r[0].split(" (")[0]: r[3:] for r in judged.rows}
     assert verdicts["1.5-entmax matches softmax"][0].startswith("+0.011 [")  # 0.011 nats lower loss than softmax
     assert verdicts["adaptive span keeps quality at a fraction of the span"][-1] == "not reproduced"  # 0.05 nats
-    assert "minus the test loss" in dynamic.report(rows, str(tmp_path), exp, str(tmp_path))[3].note
+    assert "minus the test loss" in judged.note
 
 
-def test_dynamic_presets_resolve_and_bad_preset_is_one_line():
-    from attn_lab.sweep.spec import load_experiment
-    exp = load_experiment(os.path.join(ROOT, "experiments", "dynamic.py:listops_full"))
-    assert exp.report_fn is not None and len(exp.trials()) == 12
+def test_dynamic_presets_resolve_judge_in_their_metric_and_bad_or_retired_presets_are_one_line():
+    """Each preset decides in its task's metric (the LM in nats, numbers in exact match, ListOps in accuracy); an
+    unknown preset is one line listing the others, and a folder of a retired preset's sweep names the last commit
+    that builds it."""
+    from attn_lab.sweep.spec import RETIRED_AT, load_experiment, recorded_preset
+
+    path = os.path.join(ROOT, "experiments", "dynamic.py")
+    exp = load_experiment(f"{path}:full")
+    assert exp.report_fn is not None and len(exp.trials()) == 12 and "model.kinds.cross.attention" in \
+        exp.variants["adaptive_span"]
+    metrics = {name: (p.metric.key, p.baseline) for name, p in _dynamic().PRESETS.items()}
+    assert metrics == {"quick": ("test_loss", "softmax"), "lm_quick": ("test_loss", "softmax"),
+                       "lm_span": ("test_loss", "softmax"), "numbers": ("test_exact_match", "softmax"),
+                       "full": ("test_exact_match", "softmax"), "gpu": ("test_accuracy", "softmax")}
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sweep.py"), "--experiment",
-                          os.path.join(ROOT, "experiments", "dynamic.py:tiny"), "--workdir", "unused", "--dry-run"],
-                         capture_output=True, text=True)
+                          f"{path}:tiny", "--workdir", "unused", "--dry-run"], capture_output=True, text=True)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
-        "error: unknown preset 'tiny' for experiments/dynamic.py; use quick, numbers, full, listops_quick, "
-        "listops_full, lm_quick, lm_span, lm_full or gpu"]
+        "error: unknown preset 'tiny' for experiments/dynamic.py; use quick, lm_quick, lm_span, numbers, full or gpu"]
+    for preset, name in (("listops_full", "dynamic_listops_full"), ("listops_quick", "dynamic_listops_quick"),
+                         ("lm_full", "dynamic_lm_full")):
+        with pytest.raises(ValueError, match=f"'{name}' .* retired after commit {RETIRED_AT}: tabulate"):
+            recorded_preset(path, preset, name)
+    assert recorded_preset(path, "quick", "dynamic_quick") == "numbers"  # a folder recorded before the rename
 
 
 def test_the_span_preset_trains_the_papers_clamped_spans_from_inside_the_interval_against_softmax():
     """':lm_span': two rows on lm_quick's LM -- softmax and adaptive span with the clamp, started at half the span
     (the span table's 'moved' rule then measures from 32 tokens) -- on seeds its pilot (0-4) did not use."""
+    from attn_lab.reporting.dynamic_tables import span_options
+    from attn_lab.sweep.spec import load_experiment
+
     dynamic = _dynamic()
-    preset = dynamic.get_experiment("lm_span")
-    assert preset["config"] == "configs/bible_lm.py:quick" and preset["name"].startswith("dynamic_lm")
-    span = preset["variants"]["adaptive_span"]
-    assert span["model.attention.adaptive_span.clamp"] is True and sorted(preset["variants"]) == [
-        "adaptive_span", "softmax"]
-    assert dynamic._init_span(types.SimpleNamespace(variants=preset["variants"])) == 32.0
-    assert list(preset["design"].findings) == ["adaptive_span"]
-    assert not set(preset["seeds"]) & set(preset["design"].pilot_seeds)
+    exp = load_experiment(os.path.join(ROOT, "experiments", "dynamic.py:lm_span"))
+    assert exp.preset.config == "configs/bible_lm.py:quick" and exp.name.startswith("dynamic_lm")
+    span = exp.variants["adaptive_span"]
+    assert span["model.attention.adaptive_span.clamp"] is True and sorted(exp.variants) == ["adaptive_span", "softmax"]
+    assert span_options(span, dynamic.SPAN)["init_tokens"] == 32.0
+    assert list(exp.design.findings) == ["adaptive_span"] and exp.design.sd["adaptive_span"] is not None
+    assert not set(exp.seeds) & set(exp.design.pilot_seeds)

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from attn_lab.experiment import Finding, Metric, Powered, Preset, fingerprint
+from attn_lab.experiment import Finding, Metric, Preset, fingerprint
 from attn_lab.reporting.stats import paired
 from attn_lab.reporting.verdicts import Design
 from attn_lab.sweep import plans

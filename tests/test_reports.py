@@ -48,10 +48,10 @@ def _rows(variants, metric="test_bleu", base=0.5):
     return rows
 
 
-def _exp(variants, module=None, sd=0.001, seeds=(0, 1, 2)):
+def _exp(variants, module=None, sd=0.001, seeds=(0, 1, 2), preset=None):
     """The experiment as the sweep loads it; with ``module``, its findings (those of the rows it runs, as a preset
     declares them) under a design expecting ``sd`` per seed (0.001: decidable at 3 seeds) and pilot seeds 90-94
-    (not the seeds these rows use)."""
+    (not the seeds these rows use); ``preset``: the declared preset it stands for (its metric and baseline)."""
     design = None
     if module is not None:
         rows = [k for k in module.FINDINGS if k in variants] or None  # pruning's findings name orders, not rows
@@ -59,7 +59,7 @@ def _exp(variants, module=None, sd=0.001, seeds=(0, 1, 2)):
         design = Design.of(module.FINDINGS, dict.fromkeys(module.FINDINGS, sd), "test pilot", (90, 91, 92, 93, 94),
                            rows, effect)
     return Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
-                      seeds=list(seeds), variants=variants, design=design)
+                      seeds=list(seeds), variants=variants, design=design, preset=preset)
 
 
 def test_mean_std_and_rendering():
@@ -73,10 +73,12 @@ def test_head_count_table_has_seed_spread_perplexity_and_vaswani(tmp_path):
     variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64},
                 "A-h8": {"model.num_heads": 8, "model.head_dim": 8},
                 "MQA-h8": {"model.num_heads": 8, "model.head_dim": 8, "model.num_kv_heads": 1}}
-    table, verdicts = REPORTS["head_count"](_rows(variants), str(tmp_path), _exp(variants, MODULES["head_count"]),
-                                            str(tmp_path))
+    numbers = MODULES["head_count"].PRESETS["numbers"]  # judged in exact match against A-h8
+    table, verdicts = REPORTS["head_count"](_rows(variants), str(tmp_path), _exp(variants, MODULES["head_count"],
+                                                                                 preset=numbers), str(tmp_path))
     md = table.markdown()
-    assert "| A-h1 | 1 | 64 | 1 | 1000 | 0.51 ± 0.01 (3) |" in md and "5.29 / 24.9" in md and "4.92 / 25.8" in md
+    assert "| A-h1 | 1 | 64 | 1 | 0.010 ± 0.010 (3) | 1000 | 10.00 | 0.51 ± 0.01 (3) |" in md, md
+    assert "5.29 / 24.9" in md and "4.92 / 25.8" in md
     assert f"{np.mean([math.exp(1.0), math.exp(1.1), math.exp(1.2)]):.3f}" in md  # perplexity = exp(test loss)
     assert "| MQA-h8 | 8 | 8 | 1 |" in md and (tmp_path / "head_count.png").exists()
     # exact match: A-h1 is 0.1 below A-h8 on every seed (the paper's direction); MQA is 0.1 above, and a gain
@@ -95,13 +97,15 @@ def test_head_count_demo_sized_run_is_exploratory_before_it_runs(tmp_path):
     variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64},
                 "A-h8": {"model.num_heads": 8, "model.head_dim": 8}}
     rows = [r for r in _rows(variants) if r["seed"] < 2]
-    exp = _exp(variants, MODULES["head_count"], sd=0.06, seeds=(0, 1))
+    exp = _exp(variants, MODULES["head_count"], sd=0.06, seeds=(0, 1), preset=MODULES["head_count"].PRESETS["numbers"])
     _, verdicts = REPORTS["head_count"](rows, str(tmp_path), exp, str(tmp_path))
     assert verdicts.rows[0][-1] == f"inconclusive ({EXPLORATORY})"  # two seeds: outside the family by the plan
     assert "'A-h1' (exploratory): pilot effect -0.100" in verdicts.note and "0.8 at" in verdicts.note
 
 
 def test_diversity_table_reads_similarity_and_prunable_heads(tmp_path):
+    from attn_lab.sweep.spec import load_experiment
+
     variants = {"baseline": {}, "output": {"loss.diversity.output.weight": 1.0}}
     rows = _rows(variants)
     for row in rows:
@@ -111,7 +115,12 @@ def test_diversity_table_reads_similarity_and_prunable_heads(tmp_path):
         (analysis / "diagnose.json").write_text(json.dumps({"encoder_self/0": {"mean_similarity": sim}}))
         curve = [{"percent": p, "score": s} for p, s in [(0, 99.0), (25, 98.5), (50, 97.0)]]
         (analysis / "prune.json").write_text(json.dumps({"metric": "bleu", "importance": curve}))
-    table, verdicts = REPORTS["diversity"](rows, str(tmp_path), _exp(variants, MODULES["diversity"]), str(tmp_path))
+    div = MODULES["diversity"]
+    exp = dataclasses.replace(load_experiment(os.path.join(ROOT, "experiments", "diversity.py:numbers")),
+                              variants=variants, seeds=[0, 1, 2], design=Design.of(
+                                  div.FINDINGS, dict.fromkeys(div.FINDINGS, 0.001), "test pilot", (90, 91, 92, 93, 94),
+                                  ["output"], {"output": 0.1}))
+    table, verdicts = REPORTS["diversity"](rows, str(tmp_path), exp, str(tmp_path))
     md = table.markdown()
     # exact match: 'output' is 0.1 above the baseline on every seed -> Li et al.'s gain, reproduced
     assert verdicts.rows == [["the output disagreement regularizer improves quality (Li et al. 2018)",
@@ -126,15 +135,18 @@ def test_diversity_table_reads_similarity_and_prunable_heads(tmp_path):
 def test_diversity_lm_report_shows_perplexity_and_judges_minus_the_test_loss(tmp_path):
     """The 'lm' preset's rows (a language model: test loss and token accuracy, no exact match): the table shows
     exp(test loss) and the findings are judged in minus the loss, so a regularizer with a lower loss improves."""
+    from attn_lab.sweep.spec import load_experiment
+
     div = MODULES["diversity"]
-    variants = {k: v for k, v in div.get_experiment("lm")["variants"].items() if k in ("baseline", "output")}
+    assert div.PRESETS["quick"] is div.PRESETS["lm"] and div.PRESETS["lm"].metric.key == "test_loss"
+    variants = {k: v for k, v in div.PRESETS["lm"].arms.items() if k in ("baseline", "output")}
     rows = [{"variant": v, "seed": s, "trial": f"variant={v},seed={s}", "status": "ok", "num_params": 1000,
              "test_loss": 5.0 - (0.05 + 0.002 * (s == 1) if v == "output" else 0.0) + 0.01 * s,
              "test_accuracy": 0.2 + 0.01 * s, "steps_per_sec": 5.0} for v in variants for s in (0, 1, 2)]
-    exp = Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
-                     seeds=[100, 101, 102], variants=variants,
-                     design=Design.of(div.FINDINGS_LM, dict.fromkeys(div.FINDINGS_LM, 0.001), "test", (0, 1, 2),
-                                      ["output"], {"output": 0.05}))
+    exp = dataclasses.replace(load_experiment(os.path.join(ROOT, "experiments", "diversity.py:lm")),
+                              variants=variants, seeds=[100, 101, 102], design=Design.of(
+                                  div.FINDINGS_LM, dict.fromkeys(div.FINDINGS_LM, 0.001), "test", (0, 1, 2),
+                                  ["output"], {"output": 0.05}))
     table, verdicts = REPORTS["diversity"](rows, str(tmp_path), exp, str(tmp_path))
     md = table.markdown()
     assert "test perplexity" in md and f"{np.mean([math.exp(5.0), math.exp(5.01), math.exp(5.02)]):.3f}" in md
@@ -143,13 +155,39 @@ def test_diversity_lm_report_shows_perplexity_and_judges_minus_the_test_loss(tmp
     assert variants["output"] == {"loss.diversity.output.weight": 0.1}  # the papers' range, not 1.0
 
 
+def test_gqa_report_says_how_each_row_was_trained_and_judges_minus_the_test_loss_against_eight_heads(tmp_path):
+    """experiments/gqa.py: key/value heads and 'from scratch' or 'uptrained from A-h8' per row, perplexity, Shazeer's
+    and Ainslie et al.'s numbers (attn_lab/published/vaswani.py) in the note, each finding in minus the test loss."""
+    from attn_lab.sweep.spec import load_experiment
+
+    loaded = load_experiment(os.path.join(ROOT, "experiments", "gqa.py:quick"))
+    findings = loaded.preset.findings
+    exp = dataclasses.replace(loaded, seeds=[0, 1, 2], design=Design.of(
+        findings, dict.fromkeys(findings, 0.001), "test", (90, 91, 92, 93, 94), effect=dict.fromkeys(findings, 0.0)))
+    rows = [{"variant": v, "seed": s, "trial": f"variant={v},seed={s}", "status": "ok", "num_params": 1000,
+             "test_loss": 5.0 + 0.1 * (v == "MQA-h8-up") + 0.01 * s + 0.001 * (s == 1) * (v != "A-h8"),
+             "steps_per_sec": 5.0} for v in loaded.variants for s in (0, 1, 2)]
+    table, verdicts = _load(os.path.join(ROOT, "experiments", "gqa.py"), "experiment_gqa").report(
+        rows, str(tmp_path), exp, str(tmp_path))
+    by_arm = {row[0]: row for row in table.rows}
+    assert by_arm["MQA-h8"][1:3] == ["1", "from scratch, 400 steps"]
+    assert by_arm["GQA-h8-kv2-up"][1:3] == ["2", "uptrained from A-h8: pooled, +20 steps"]
+    assert "ln PPL 1.424 -> 1.439" in table.note and "GQA-8 47.1" in table.note and "test PPL" in table.header
+    judged = {row[0]: row for row in verdicts.rows}
+    assert judged["uptrained multi-query attention costs little (Ainslie et al. 2023)"][1] == "46.6 vs 47.2 (MQA, " \
+        "5% uptraining)"
+    assert judged["uptrained multi-query attention costs little (Ainslie et al. 2023)"][-1].startswith("not reproduced")
+    assert judged["multi-query attention trained from scratch costs little (Shazeer 2019)"][-1].startswith(
+        "reproduced") and "minus the test loss (nats)" in verdicts.note
+
+
 def test_variants_table_joins_benchmark_ratios_and_lra(tmp_path):
     variants = {"dense": {"model.attention.name": "dense"}, "local": {"model.attention.name": "local"}}
     bench = [{"label": "jax.nn.dot_product_attention", "length": "1024", "fwd_bwd_seconds": "1.0", "temp_bytes": "400"},
              {"label": "local", "length": "1024", "fwd_bwd_seconds": "0.25", "temp_bytes": "100"}]
     rows = _rows(variants, "test_accuracy")
-    table, verdicts = REPORTS["variants"](rows, str(tmp_path), _exp(variants, MODULES["variants"]), str(tmp_path),
-                                          bench)
+    exp = dataclasses.replace(_exp(variants, MODULES["variants"]), preset=MODULES["variants"].PRESETS["quick"])
+    table, verdicts = REPORTS["variants"](rows, str(tmp_path), exp, str(tmp_path), bench)
     md = table.markdown()
     assert "| local | 61.0 ± 1.0 (3) | 0.50x | 4.00x | – | – | 15.82 | 1.1x / 5.3x |" in md
     # local is 10 points above dense on every seed where LRA has it ~20 below: not reproduced
@@ -201,8 +239,7 @@ def test_pruning_report_reads_curves_structural_and_gates(tmp_path):
     assert (tmp_path / "pruning_curves.png").exists()
 
 
-def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_path, monkeypatch):
-    monkeypatch.setattr(PRUNING, "HALF_RANDOM", 30.0)  # the design's half point, on these curves' grid
+def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_path):
     rows = _rows({"baseline": {}})
     for row in rows:
         analysis = tmp_path / row["trial"] / "analysis"
@@ -218,7 +255,7 @@ def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_p
         (analysis / "ablate.json").write_text(json.dumps({
             "single_head": {}, "all_but_one": {}, "importance_vs_drop": {"batches": 2, "raw": spearman,
                                                                          "normalized": spearman}}))
-    verdicts = experiment_pruning_verdicts(tmp_path, rows)
+    verdicts = experiment_pruning_verdicts(tmp_path, rows, plan={"measured": {"compare_at_percent": 30.0}})
     by_claim = {r[0]: r for r in verdicts.rows}
     beats = by_claim["pruning by importance beats random pruning (where random is at half)"]
     free = by_claim["~20% of heads prune by importance almost for free (at ~20% pruned)"]
@@ -235,11 +272,10 @@ def test_pruning_verdicts_pair_orders_by_seed_and_diagnosis_reads_spearman(tmp_p
 PRUNING = _load(os.path.join(ROOT, "experiments", "pruning.py"), "experiment_pruning_internals")
 
 
-def test_pruning_lm_verdicts_compare_log_likelihood_orders_midway_down_the_random_curve(tmp_path, monkeypatch):
+def test_pruning_lm_verdicts_compare_log_likelihood_orders_midway_down_the_random_curve(tmp_path):
     """The 'lm' preset's curves (mean token log-likelihood, nats; no zero to halve): orders compared where the
-    mean random curve is nearest the middle of its first and last values -- the run's own point while LM_AT is
-    unset (a pilot) -- and judged against the 0.02-nat margin."""
-    monkeypatch.setattr(PRUNING, "LM_AT", None)  # a pilot: no registered point yet
+    mean random curve is nearest the middle of its first and last values -- the run's own point while the plan has
+    none (a pilot) -- and judged against the 0.02-nat margin."""
     rows = _rows({"baseline": {}})
     for row in rows:
         analysis = tmp_path / row["trial"] / "analysis"
@@ -253,8 +289,10 @@ def test_pruning_lm_verdicts_compare_log_likelihood_orders_midway_down_the_rando
     design = Design.of(PRUNING.FINDINGS_LM, dict.fromkeys(PRUNING.FINDINGS_LM, 0.01), "test pilot", (90, 91),
                        effect={"importance vs random": 0.3, "importance_raw vs random": 0.3,
                                "importance vs full at 20%": 0.0})
-    exp = dataclasses.replace(_exp({"baseline": {}}), design=design)
-    table = PRUNING._verdicts(PRUNING._per_seed(str(tmp_path), rows, "prune"), exp, str(tmp_path))
+    exp = dataclasses.replace(_exp({"baseline": {}}), design=design, preset=PRUNING.PRESETS["lm"],
+                              differences_fn=PRUNING.differences)  # no plan: a pilot, no registered point yet
+    table = PRUNING.pruning_verdicts(rows, str(tmp_path), exp)
+    assert PRUNING.pilot_measures(rows, str(tmp_path), exp) == {"compare_at_percent": 50.0}  # what its plan keeps
     by_claim = {r[0]: r for r in table.rows}
     assert "random curve is nearest midway between its unpruned and last values at 50.0%" in table.note
     assert "compared at 50.0% pruned (these curves' own (no pilot value yet) midpoint)" in table.note
@@ -265,13 +303,17 @@ def test_pruning_lm_verdicts_compare_log_likelihood_orders_midway_down_the_rando
     assert "log_likelihood (nats)" in table.markdown()
 
 
-def experiment_pruning_verdicts(sweep_dir, rows):
-    return PRUNING._verdicts(PRUNING._per_seed(str(sweep_dir), rows, "prune"), _exp({"baseline": {}}, PRUNING),
-                             str(sweep_dir))
+def experiment_pruning_verdicts(sweep_dir, rows, plan=None):
+    """The numbers preset's verdict table, its comparison point read from ``plan`` (as the plan file keeps it)."""
+    exp = dataclasses.replace(_exp({"baseline": {}}, PRUNING), preset=PRUNING.PRESETS["numbers"], plan=plan,
+                              differences_fn=PRUNING.differences)
+    return PRUNING.pruning_verdicts(rows, str(sweep_dir), exp)
 
 
 def experiment_pruning_diagnosis(sweep_dir, rows):
-    return PRUNING._diagnosis(PRUNING._per_seed(str(sweep_dir), rows, "ablate"))
+    from attn_lab.reporting.pruning_tables import diagnosis_table, per_seed
+
+    return diagnosis_table(per_seed(str(sweep_dir), rows, "ablate"))
 
 
 def _with_failures(rows, failed_variant, partly_failed_variant):
@@ -291,10 +333,11 @@ def test_failed_trials_stay_in_every_report_marked_failed(tmp_path):
                 "A-h8": {"model.num_heads": 8, "model.head_dim": 8}, "dense": {}, "local": {}}
     rows = _with_failures(_rows(variants), "A-h8", "A-h1")
     rows[-1] = {k: rows[-1][k] for k in ("variant", "seed", "trial")} | {"status": "not run"}  # another shard's
-    reports_made = {name: report(rows, str(tmp_path), _exp(variants), str(tmp_path), [])
-                    for name, report in REPORTS.items()}
+    presets = {"head_count": "numbers", "pruning": "numbers", "diversity": "numbers", "variants": "quick"}
+    reports_made = {name: report(rows, str(tmp_path), _exp(variants, preset=MODULES[name].PRESETS[presets[name]]),
+                                 str(tmp_path), []) for name, report in REPORTS.items()}
     head = reports_made["head_count"][0].markdown()
-    assert "| A-h1 | 1 | 64 | 1 | 1000 | 0.51 ± 0.01 (2) |" in head  # over the two seeds that finished
+    assert "| A-h1 | 1 | 64 | 1 | 0.005 ± 0.007 (2) | 1000 | 10.00 | 0.51 ± 0.01 (2) |" in head, head  # 2 finished
     assert "| failed (1 of 3 seeds) |" in head and "| A-h8 | 8 | 8 | 8 | – | – | – | – | – |" in head
     assert "| failed (3 of 3 seeds) |" in head and "| dense |" in head and head.count("| ok |") == 1
     assert "| not run (1 of 3 seeds) |" in head  # local: its seed 2 is another shard's
@@ -311,7 +354,8 @@ def test_failed_trials_stay_in_every_report_marked_failed(tmp_path):
 
 def test_a_table_of_finished_trials_has_no_status_column(tmp_path):
     variants = {"A-h1": {"model.num_heads": 1, "model.head_dim": 64}}
-    tables = REPORTS["head_count"](_rows(variants), str(tmp_path), _exp(variants), str(tmp_path))
+    exp = _exp(variants, preset=MODULES["head_count"].PRESETS["numbers"])
+    tables = REPORTS["head_count"](_rows(variants), str(tmp_path), exp, str(tmp_path))
     assert len(tables) == 1 and "status" not in tables[0].header
 
 
@@ -367,27 +411,52 @@ def test_make_tables_tabulates_an_experiment_file_with_its_own_report_and_publis
     assert (tmp_path / "elsewhere" / "my_table.md").read_text() == md
 
 
-def test_make_tables_without_a_report_in_the_experiment_is_one_line(tmp_path):
+def test_make_tables_without_a_report_tables_every_arm_and_the_verdicts(tmp_path):
+    """An experiment that declares arms and findings and no report gets the shared one: a row per arm (the deciding
+    metric, parameters, steps/s) and the verdict table, judged in the preset's metric against its baseline."""
     experiment = tmp_path / "bare.py"
-    experiment.write_text("def get_experiment(preset='quick'):\n"
-                          "    return {'name': 'bare', 'config': 'configs/numbers.py:quick', 'seeds': [0]}\n")
-    _finished_sweep(tmp_path / "runs", experiment, ["seed=0"])
-    proc = _tables([sys.executable, "-m", "attn_lab.reporting"], "--workdir", str(tmp_path / "runs"))
-    assert proc.returncode != 0
-    assert proc.stderr == f"error: {experiment} defines no report(rows, sweep_dir, exp, out_dir, bench); add one " \
-                          "(experiments/*.py)\n"
+    experiment.write_text(textwrap.dedent("""
+        from attn_lab.experiment import Finding, Metric, Preset
+
+        PRESETS = {"quick": Preset("bare", "configs/numbers.py:quick", {"a": {"model.num_heads": 1}, "b": {}},
+                                   [0, 1, 2], {"a": Finding("a is worse than b", "-", "down", 0.02)}, "b",
+                                   Metric("test_loss", "minus the test loss (nats)", -1.0))}
+    """))
+    sweep = tmp_path / "runs"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(json.dumps({"experiment": f"{experiment}:quick", "root": ROOT, "name": "bare"}))
+    for arm, loss in (("a", 1.5), ("b", 1.0)):
+        for seed in (0, 1, 2):
+            (sweep / f"variant={arm},seed={seed}").mkdir()
+            results = {"final": {"test": {"loss": loss + 0.01 * seed * (arm == "a")}}, "best": {}, "num_params": 10,
+                       "steps": 4, "steps_per_sec": 5.0, "config": {"seed": seed}}
+            (sweep / f"variant={arm},seed={seed}" / "results.json").write_text(json.dumps(results))
+    proc = _tables([sys.executable, "-m", "attn_lab.reporting"], "--workdir", str(sweep))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    md = (sweep / "tables" / "bare.md").read_text()
+    assert "| arm | loss | params | steps/s |" in md and "| a | 1.5100 ± 0.0100 (3) | 10 | 5.00 |" in md, md
+    verdict = md[md.index("### Verdicts"):]
+    assert "| a is worse than b | - | 0.02 | -0.510 [" in verdict and "minus the test loss (nats)" in verdict
 
 
 RECALL_EFFECT = {"attention solves": 0.0, "linear below attention": -0.5, "performer below attention": -0.5,
                  "linear falls": -0.5, "performer falls": -0.5, "window grows": 0.4}
 
 
+def _recall(preset):
+    """experiments/recall.py as a module, and ``preset`` as the sweep loads it."""
+    from attn_lab.sweep.spec import load_experiment
+
+    path = os.path.join(ROOT, "experiments", "recall.py")
+    return _load(path, "experiment_recall"), load_experiment(f"{path}:{preset}")
+
+
 def test_recall_report_judges_the_four_findings_from_paired_seeds(tmp_path):
     """Hand-built recall per kernel, length and seed: dense near 1.0 everywhere, linear and Performer falling by
     0.5 from T=64 to T=128, the 32-key window 0.4 above the 8-key one at T=128 -- every finding reproduced, with
     the paired differences written out; the Figure-2 plot is drawn."""
-    recall = _load(os.path.join(ROOT, "experiments", "recall.py"), "experiment_recall")
-    variants = recall.get_experiment("quick")["variants"]
+    recall, quick = _recall("quick")
+    variants = quick.variants
     value = {("dense", 64): 1.0, ("dense", 128): 0.98, ("linear", 64): 0.8, ("linear", 128): 0.3,
              ("performer", 64): 0.7, ("performer", 128): 0.2, ("local-8", 64): 0.5, ("local-8", 128): 0.2,
              ("local-32", 64): 0.9, ("local-32", 128): 0.6}
@@ -399,13 +468,13 @@ def test_recall_report_judges_the_four_findings_from_paired_seeds(tmp_path):
                          "test_accuracy": value[kernel, int(t[1:])] - 0.01 * seed * (kernel != "dense"),
                          "test_accuracy_count": 300,
                          "test_loss": 0.1, "steps_per_sec": 5.0})
-    exp = Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
-                     seeds=[100, 101, 102], variants=variants,
-                     design=Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2),
-                                      recall.LENGTH_FINDINGS, RECALL_EFFECT))
+    design = Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2),
+                       recall.LENGTH_FINDINGS, RECALL_EFFECT)
+    exp = dataclasses.replace(quick, preset=quick.preset.replace(options={}), design=design)  # every length judged
     table, verdicts = recall.report(rows, str(tmp_path), exp, str(tmp_path))[:2]
     assert table.header[1:3] == ["T=64, N=4", "T=128, N=8"] and (tmp_path / "recall_d64.png").exists()
     assert ["linear", "0.790 ± 0.010 (3)", "0.290 ± 0.010 (3)", "5.0"] in table.rows
+    assert " in test recall" in verdicts.note  # the verdict label
     by_row = {row[0]: row for row in verdicts.rows}
     solves = by_row[recall.FINDINGS["attention solves"].claim]  # worst length (T=128) minus perfect recall
     # dense at 0.98 on every seed: no spread, so each seed's 294 of 300 examples decide (Clopper-Pearson vs 1.0)
@@ -413,72 +482,68 @@ def test_recall_report_judges_the_four_findings_from_paired_seeds(tmp_path):
     assert by_row[recall.FINDINGS["linear falls"].claim][3].startswith("-0.500") and \
         by_row[recall.FINDINGS["window grows"].claim][3].startswith("+0.400")
     assert all(row[-1].startswith("reproduced") for row in verdicts.rows) and len(verdicts.rows) == 6
-    design = Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2), recall.QUICK_FINDINGS,
-                       RECALL_EFFECT)
-    quick = dataclasses.replace(exp, name="recall_quick", design=design)
-    by_row = {row[0]: row for row in recall.report(rows, str(tmp_path), quick, str(tmp_path))[1].rows}
+    design = Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2),
+                       quick.preset.findings, RECALL_EFFECT)
+    by_row = {row[0]: row for row in recall.report(rows, str(tmp_path), dataclasses.replace(quick, design=design),
+                                                   str(tmp_path))[1].rows}
     assert len(by_row) == 4  # quick judges T=64 only: the shortest length is also the longest judged
     assert by_row[recall.FINDINGS["window grows"].claim][3].startswith("+0.400") and \
         by_row[recall.FINDINGS["linear below attention"].claim][3].startswith("-0.210")
 
 
 @pytest.mark.parametrize("preset, finding, larger", [("state", "performer state grows", 0.5),
-                                                     ("state_sinusoidal", "performer state grows (64)", 0.5),
                                                      ("state_tuned", "performer state grows (64)", 0.5)])
 def test_recall_state_report_judges_performer_state_from_paired_seeds(tmp_path, preset, finding, larger):
-    """The ':state' presets at T=64: Performer at its most features (256; 64 in the others) above 16 on
+    """The ':state' presets at T=64: Performer at its most features (256; 64 in ':state_tuned') above 16 on
     every seed (written out: 0.5 - 0.3, seeds shifted alike), reproduced; their four findings and no length findings
     are judged."""
-    # ':state_sinusoidal' judges attention alone; its pilot's design (kept in its sweep.json) judged these four
+    recall, state = _recall(preset)
     judged = ("attention solves", "linear below attention", "performer below attention", finding)
-    recall = _load(os.path.join(ROOT, "experiments", "recall.py"), "experiment_recall")
-    state = recall.get_experiment(preset)
+    assert tuple(state.preset.findings) == judged
     value = {"dense": 1.0, "linear": 0.4, "performer": 0.35, "performer-16": 0.3, "performer-256": 0.5}
     value["performer-256" if preset == "state" else "performer"] = larger
     rows = [{"variant": name, "seed": seed, "trial": f"variant={name},seed={seed}", "status": "ok",
              "test_accuracy": value[name.split("/")[0]] - 0.01 * (seed - 100) * (name.split("/")[0] != "dense"),
              "test_accuracy_count": 300, "test_loss": 0.1, "steps_per_sec": 5.0}
-            for name in state["variants"] for seed in (100, 101, 102)]
+            for name in state.variants for seed in (100, 101, 102)]
     design = Design.of(recall.FINDINGS, dict.fromkeys(recall.FINDINGS, 0.01), "test", (0, 1, 2),
                        judged, {**RECALL_EFFECT, finding: larger - 0.3})
-    exp = Experiment(name=state["name"], config="", root="", overrides={},
-                     axes=[[{"variant": v} for v in state["variants"]]], seeds=[100, 101, 102],
-                     variants=state["variants"], design=design)
+    exp = dataclasses.replace(state, design=design)
     by_row = {row[0]: row for row in recall.report(rows, str(tmp_path), exp, str(tmp_path))[1].rows}
     assert len(by_row) == 4 and recall.FINDINGS[finding].claim in by_row
     grows = by_row[recall.FINDINGS[finding].claim]
     assert grows[3].startswith(f"+{larger - 0.3:.3f}") and grows[-1].startswith("reproduced")
 
 
-def test_recall_state_tuned_changes_only_each_kernel_s_learning_rate_and_the_budget():
-    """':state_tuned' is ':state_sinusoidal' with each row at its own learning rate (dense 1e-2, the compressed
-    kernels 3e-3) and 3,000 steps: same data, positions, widths and kernels, so a gap is the kernels', not a
-    recipe's."""
+def test_recall_state_tuned_changes_only_each_kernel_s_learning_rate_positions_and_the_budget():
+    """':state_tuned' is ':state' without Performer-256, with sinusoidal positions, each row at its own learning
+    rate (dense 1e-2, the compressed kernels 3e-3) and 3,000 steps: same data, widths and kernels, so a gap is the
+    kernels', not a recipe's; its seeds are none that another recall design or its pilot used."""
     recall = _load(os.path.join(ROOT, "experiments", "recall.py"), "experiment_recall")
-    tuned, sinusoidal = recall.get_experiment("state_tuned"), recall.get_experiment("state_sinusoidal")
-    assert tuned["variants"].keys() == sinusoidal["variants"].keys()
-    assert {k: v for k, v in tuned["overrides"].items() if not k.startswith("train.")} == \
-        {k: v for k, v in sinusoidal["overrides"].items() if not k.startswith("train.")}
-    assert tuned["overrides"]["train.num_steps"] == 3000 and tuned["overrides"]["model.positions"] == "sinusoidal"
-    for name, row in tuned["variants"].items():
+    tuned, state = recall.PRESETS["state_tuned"], recall.PRESETS["state"]
+    assert list(tuned.arms) == [k for k in state.arms if not k.startswith("performer-256/")]
+    assert {k: v for k, v in tuned.overrides.items() if k != "model.positions"} == state.overrides
+    assert tuned.overrides["train.num_steps"] == 3000 and tuned.overrides["model.positions"] == "sinusoidal"
+    for name, row in tuned.arms.items():
+        row = dict(row)
         lr = row.pop("train.learning_rate")
-        assert lr == (1e-2 if name.startswith("dense") else 3e-3) and row == sinusoidal["variants"][name]
-    used = {*sinusoidal["seeds"], *recall.STATE_SEEDS, *recall.VERDICT_SEEDS, *recall.TUNED_PILOT_SEEDS}
-    assert not set(tuned["seeds"]) & used
+        assert lr == (1e-2 if name.startswith("dense") else 3e-3) and row == state.arms[name]
+    used = {s for key, p in recall.PRESETS.items() if key != "state_tuned" for s in (*p.seeds, *p.pilot_seeds)}
+    assert not set(tuned.seeds) & (used | set(tuned.pilot_seeds))
 
 
 def test_head_count_lm_report_judges_minus_the_test_loss(tmp_path):
     """The 'lm' preset's rows carry a test loss and no exact match: the table shows perplexity and the findings
     are judged in minus the test loss, so one head's higher loss is the paper's 'worse'."""
     hc = MODULES["head_count"]
-    variants = {k: v for k, v in hc.get_experiment("lm")["variants"].items() if k in ("A-h1", "A-h8", "MQA-h8")}
+    variants = {k: v for k, v in hc.PRESETS["lm"].arms.items() if k in ("A-h1", "A-h8", "MQA-h8")}
     rows = [{"variant": v, "seed": s, "trial": f"variant={v},seed={s}", "status": "ok", "num_params": 1000,
              "test_loss": 5.0 + (0.1 + 0.002 * (s == 1) if v == "A-h1" else 0.0) + 0.01 * s, "steps_per_sec": 5.0}
             for v in variants for s in (0, 1, 2)]
     exp = Experiment(name="x", config="", root="", overrides={}, axes=[[{"variant": v} for v in variants]],
                      seeds=[100, 101, 102], variants=variants,
                      design=Design.of(hc.FINDINGS_LM, dict.fromkeys(hc.FINDINGS_LM, 0.001), "test", (0, 1, 2, 3, 4),
-                                      list(variants), {"A-h1": -0.1, "MQA-h8": 0.0}))
+                                      list(variants), {"A-h1": -0.1, "MQA-h8": 0.0}), preset=hc.PRESETS["lm"])
     table, verdicts = REPORTS["head_count"](rows, str(tmp_path), exp, str(tmp_path))
     assert f"{np.mean([math.exp(5.1), math.exp(5.112), math.exp(5.12)]):.3f}" in table.markdown()
     by_row = {row[0]: row for row in verdicts.rows}

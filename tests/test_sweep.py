@@ -32,6 +32,7 @@ def _experiment(tmp_path, body: dict, report: str | None = None) -> str:
     # no scripts/ folder: trials and the analysis run the package's entry points (python -m attn_lab.train/.analysis)
     path = tmp_path / "experiments" / "x.py"
     shipped = open(os.path.join(ROOT, "experiments", f"{report}.py")).read() if report else ""
+    shipped += "\n\ndel PRESETS  # this test's get_experiment builds the sweep\n" if "PRESETS" in shipped else ""
     path.write_text(shipped + textwrap.dedent(f"""
 
         def get_experiment(preset="quick"):
@@ -155,16 +156,12 @@ def _experiment_module(path: str):
 
 
 def _shipped_presets() -> list[str]:
-    """Every ``<file>:<preset>`` of experiments/, read from each file's own list of presets (the line its
-    ``get_experiment`` stops with for an unknown one), so a new experiment or preset is checked without editing
-    this file."""
+    """Every ``<file>:<preset>`` of experiments/, read from each file's declared ``PRESETS``, so a new experiment or
+    preset is checked without editing this file."""
     found = []
     for path in sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py"))):
         module = _experiment_module(path)
-        with pytest.raises(ValueError) as info:
-            module.get_experiment("__no_such_preset__")
-        names = re.split(r", | or ", str(info.value).split("; use ", 1)[1])
-        found += [f"{os.path.basename(path)[:-3]}:{name}" for name in names]
+        found += [f"{os.path.basename(path)[:-3]}:{name}" for name in getattr(module, "PRESETS", {})]
     return found
 
 
@@ -177,7 +174,7 @@ def test_every_shipped_experiment_preset_builds_valid_trials(experiment):
 
     name, preset = experiment.split(":")
     exp = load_experiment(os.path.join(ROOT, "experiments", f"{name}.py:{preset}"))
-    assert exp.report_fn and exp.trials()
+    assert exp.preset is not None and exp.trials() and not exp.plan_problem
     for trial in exp.trials()[:: len(exp.seeds)]:  # seeds do not change validity
         config = load_config_file(exp.config)
         for key, value in trial.overrides.items():
@@ -535,10 +532,12 @@ def test_status_lines_read_each_running_trial_s_step_loss_and_speed(tmp_path):
 
 
 def test_a_renamed_preset_keeps_its_recorded_folder_resumable_and_tabulated_and_is_refused_otherwise(tmp_path):
-    """A preset renamed after a sweep ran (':quick' became ':numbers' when the LM table took the quick name) keeps
-    the folder recorded under its old name: the new name skips its finished trials and make_tables tabulates them
-    as that experiment; the preset now called 'quick' is refused in one line, and make_tables refuses a folder whose
-    recorded preset now builds another sweep (its trials would be tabulated as that one's)."""
+    """A sweep is known by its name: a preset renamed after a sweep ran (':quick' became ':numbers' when the LM table
+    took the quick name) keeps the folder recorded under its old name -- the new name skips its finished trials and
+    make_tables tabulates them -- with no map of old names in the file; a folder whose sweep no preset builds any
+    more is refused in one line, and a retired shipped preset's names the last commit that builds it."""
+    from attn_lab.sweep.spec import RETIRED_AT, recorded_preset
+
     body = {**BASE, "grid": {"model.num_heads": [2, 4]}, "overrides": {"train.num_steps": 4}}
     path, workdir = _experiment(tmp_path, body), str(tmp_path / "runs")
     extra = [f"--config.task.data_dir={tmp_path / 'data'}"]
@@ -546,48 +545,30 @@ def test_a_renamed_preset_keeps_its_recorded_folder_resumable_and_tabulated_and_
     sweep = [sys.executable, SWEEP, "--workdir", workdir, *extra, "--experiment"]
     first = subprocess.run(sweep + [f"{path}:quick"], capture_output=True, text=True, timeout=300)
     assert first.returncode == 0 and first.stdout.count(": skipped") == 2, first.stdout + first.stderr
-    report = ("from attn_lab.reporting.tables import Table\n\n\n"
-              "def report(rows, sweep_dir, exp, out_dir, bench=None):\n"
-              "    return [Table(exp.name, ['trial', 'status'], [[r['trial'], r['status']] for r in rows], '')]\n")
     renamed = {**body, "name": "new", "grid": {"model.num_heads": [8]}}
     with open(path, "w") as f:  # 'quick' now builds another sweep; the old one is 'numbers'
-        f.write(f"{report}\n\ndef get_experiment(preset='quick'):\n    return {renamed!r} if preset == 'quick' else "
-                f"{body!r}\n")
-    tables = [sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), "--workdir", workdir]
-    refused = subprocess.run(tables, capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 1 and refused.stderr.strip() == (
-        f"error: --workdir={workdir}: {workdir}/sweep.json: the sweep 't' was recorded from {os.path.abspath(path)}"
-        ":quick, and no preset of that file builds it now: 'quick' builds 'new' (and RENAMED_PRESETS names no new "
-        "name for it)"), refused.stderr
-    with open(path, "a") as f:
-        f.write("\nRENAMED_PRESETS = {'quick': 'numbers'}\n")
+        f.write(f"def get_experiment(preset='quick'):\n    return {renamed!r} if preset == 'quick' else {body!r}\n")
     again = subprocess.run(sweep + [f"{path}:numbers"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count(": skipped") == 2, again.stdout + again.stderr
-    made = subprocess.run(tables, capture_output=True, text=True, timeout=300)
+    made = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tables.py"), "--workdir", workdir],
+                          capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr
-    md = open(os.path.join(workdir, "tables", "x.md")).read()
-    assert "num_heads=2,seed=0" in md and "num_heads=4,seed=0" in md
+    assert "num_heads=2" in open(os.path.join(workdir, "tables", "x.md")).read()
     other = subprocess.run(sweep + [f"{path}:quick"], capture_output=True, text=True, timeout=300)
     assert other.returncode == 1 and other.stderr.strip() == (
         f"error: --workdir={workdir} holds the sweep 't' ({os.path.abspath(path)}:numbers); this is 'new' "
         f"({os.path.abspath(path)}:quick): give each experiment its own --workdir"), other.stderr
-
-
-def test_a_renamed_preset_whose_old_name_is_gone_still_finds_its_recorded_sweep(tmp_path):
-    """The usual rename: the old preset name no longer exists (the file raises for it), RENAMED_PRESETS names the
-    new one; a name that no preset builds any more is one line naming what each candidate builds."""
-    from attn_lab.sweep.spec import recorded_preset
-
-    path = tmp_path / "x.py"
-    path.write_text("RENAMED_PRESETS = {'old': 'new'}\n\n\ndef get_experiment(preset='new'):\n"
-                    "    if preset != 'new':\n        raise ValueError(f'unknown preset {preset!r}')\n"
-                    "    return {'name': 'sweep_old', 'config': 'c.py'}\n")
-    assert recorded_preset(str(path), "old", "sweep_old") == "new"
-    assert recorded_preset(str(path), "new", "sweep_old") == "new"
+    declared = tmp_path / "declared.py"  # a declared file: the preset whose sweep has the recorded name
+    declared.write_text("from attn_lab.experiment import Preset\n\nOLD = Preset('sweep_old', 'c.py', {'a': {}})\n"
+                        "PRESETS = {'new': OLD, 'other': Preset('sweep_other', 'c.py', {'a': {}})}\n")
+    assert recorded_preset(str(declared), "old", "sweep_old") == "new"
     with pytest.raises(ValueError) as info:
-        recorded_preset(str(path), "old", "sweep_other")
-    assert str(info.value) == (f"the sweep 'sweep_other' was recorded from {path}:old, and no preset of that file "
-                               "builds it now: 'old' builds no sweep; 'new' builds 'sweep_old'")
+        recorded_preset(str(declared), "new", "sweep_gone")
+    assert str(info.value) == (f"the sweep 'sweep_gone' was recorded from {declared}:new, and no preset of that file "
+                               "builds it now ('new' builds 'sweep_old')")
+    shipped = os.path.join(ROOT, "experiments", "head_count.py")
+    with pytest.raises(ValueError, match=f"'head_count_powered' .* retired after commit {RETIRED_AT}: tabulate"):
+        recorded_preset(shipped, "powered", "head_count_powered")
 
 
 def test_the_sharp_head_count_designs_run_on_seeds_their_pilots_did_not_use_and_judge_against_their_baseline():
@@ -596,11 +577,11 @@ def test_the_sharp_head_count_designs_run_on_seeds_their_pilots_did_not_use_and_
     the row the preset names, and ':sharp_powered''s pooled pilot is what the recorded runs give (docs/head_count.md):
     its effect their pooled mean, its sd at least their pooled sd with each summary-only run's paired sd at the sum of
     its rows' sds -- and its plan confirmatory at the seeds it asks for."""
-    module = _experiment_module(os.path.join(ROOT, "experiments", "head_count.py"))
     for preset, baseline in (("sharp", "A-h2"), ("sharp_h4", "A-h4"), ("sharp_powered", "A-h4")):
         exp = load_experiment(os.path.join(ROOT, "experiments", f"head_count.py:{preset}"))
         assert not set(exp.seeds) & set(exp.design.pilot_seeds), preset
-        assert module.JUDGED[exp.name][3] == baseline and baseline in exp.variants and "A-h1" in exp.variants
+        assert exp.preset.baseline == baseline and baseline in exp.variants and "A-h1" in exp.variants
+        assert exp.preset.metric.key == "test_accuracy"
     powered = load_experiment(os.path.join(ROOT, "experiments", "head_count.py:sharp_powered"))
     assert set(powered.design.pilot_seeds) == {0, 1, 2, 3, 4, 100, 101, 102, 110, 111, 112, 200, 201}
     # (seeds, mean of one head minus four, paired sd bound) per summary-only run; single seeds by value.

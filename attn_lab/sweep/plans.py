@@ -82,11 +82,16 @@ def design_of(preset: Preset, plan: Mapping[str, Any] | None, path: str) -> Desi
     found = plan["findings"]
     pilot = plan.get("pilot", {})
     where = f"{os.path.join(PLANS, os.path.basename(path))} (pilot seeds {_seeds_text(pilot.get('seeds', []))}" + \
-            (f", commit {str(pilot['commit'])[:10]}" if pilot.get("commit") else "") + \
+            (f", commit {_short(str(pilot['commit']))}" if pilot.get("commit") else "") + \
             (", migrated" if pilot.get("migrated") else "") + ")"
     values = {f: {k: (found.get(k) or {}).get(f) for k in preset.findings} for f in FIELDS}
     return Design.of(preset.findings, values["sd"], where, tuple(pilot.get("seeds", ())), effect=values["effect"],
                      pilot_collapsed={k: v or 0 for k, v in values["pilot_collapsed"].items()})
+
+
+def _short(commit: str) -> str:
+    """A commit (or range 'a-b') shortened to 10 characters per sha."""
+    return "-".join(part[:10] for part in commit.split("-"))
 
 
 def _seeds_text(seeds: Sequence[int]) -> str:

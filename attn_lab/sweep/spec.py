@@ -353,10 +353,12 @@ def _declared(path: str, module: Any, name: str) -> tuple[dict[str, Any], Any, d
             seeds = design.powered_seeds(first)[:cap]
     for key in [*preset.findings, *([preset.baseline] if preset.baseline else [])]:
         if getattr(module, "differences", None) is None and key not in preset.arms:
-            raise ValueError(f"{path}:{name}: finding or baseline '{key}' is not an arm; arms: {', '.join(preset.arms)}")
+            raise ValueError(f"{path}:{name}: finding or baseline '{key}' is not an arm; arms: "
+                             f"{', '.join(preset.arms)}")
     raw = {"name": preset.name, "config": preset.config, "overrides": dict(preset.overrides),
-           "grid": {k: list(v) for k, v in preset.grid.items()}, "variants": {k: dict(v) for k, v in preset.arms.items()},
-           "seeds": seeds, "analyze": dict(preset.analyze), "design": design}
+           "grid": {k: list(v) for k, v in preset.grid.items()},
+           "variants": {k: dict(v) for k, v in preset.arms.items()}, "seeds": seeds, "analyze": dict(preset.analyze),
+           "design": design}
     raw = {k: v for k, v in raw.items() if v or k in ("variants", "seeds")}
     return raw, module, {"preset": preset, "plan": plan, "plan_path": path_of_plan, "plan_problem": problem}
 
