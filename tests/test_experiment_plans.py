@@ -100,7 +100,7 @@ def test_every_refusal_is_one_line_before_anything_is_written(tmp_path):
     with open(exp.plan_path, "w") as f:
         f.write('{"findings": ')  # damaged: named, never replaced by a verdict run
     damaged = _sweep("--experiment", f"{path}:quick", "--workdir", work, "--dry-run", timeout=300)
-    assert damaged.returncode == 1 and "the plan cannot be read" in damaged.stderr
+    assert damaged.returncode == 1 and "cannot be read" in damaged.stderr and "re-pilot" in damaged.stderr
     assert open(exp.plan_path).read() == '{"findings": '
     os.remove(exp.plan_path)
     powered = _write(tmp_path / "powered", seeds="Powered(10)")

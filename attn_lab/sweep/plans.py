@@ -21,6 +21,7 @@ from typing import Any
 from attn_lab.experiment import Preset, fingerprint
 from attn_lab.io import write_json_atomic
 from attn_lab.reporting import stats
+from attn_lab.results import read_record
 from attn_lab.reporting.plan import MIN_PAIRS
 from attn_lab.reporting.verdicts import Design
 
@@ -36,15 +37,11 @@ def plan_path(experiment_path: str, name: str) -> str:
 def read_plan(path: str) -> dict[str, Any] | None:
     """The plan at ``path`` (None: no plan yet); a damaged one is a one-line ValueError naming it (never
     replaced: a pilot writes a new one in its place only when asked)."""
-    if not os.path.exists(path):
-        return None
     try:
-        with open(path) as f:
-            plan = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: the plan cannot be read ({type(e).__name__}: {str(e).splitlines()[0]}); re-pilot "
-                         "the preset (--pilot) to write it again") from None
-    if not isinstance(plan, dict) or not isinstance(plan.get("findings"), dict) or "experiment_hash" not in plan:
+        plan = read_record(os.path.dirname(path), os.path.basename(path))
+    except ValueError as e:
+        raise ValueError(f"{e}; re-pilot the preset (--pilot) to write it again") from None
+    if plan is not None and (not isinstance(plan.get("findings"), dict) or "experiment_hash" not in plan):
         raise ValueError(f"{path}: not a plan file (no 'findings' or 'experiment_hash'); re-pilot the preset "
                          "(--pilot) to write it again")
     return plan
