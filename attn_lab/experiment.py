@@ -24,6 +24,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from attn_lab.reporting.plan import MIN_PAIRS
 from attn_lab.reporting.verdicts import Finding
 
 __all__ = ["Finding", "Metric", "Powered", "Preset", "fingerprint"]
@@ -44,6 +45,14 @@ class Metric:
     label: str
     sign: float = 1.0
 
+    def __post_init__(self):
+        if not (isinstance(self.key, str) and self.key and isinstance(self.label, str)):
+            raise ValueError(f"Metric(key={self.key!r}, label={self.label!r}): both must be strings, key non-empty "
+                             "(a results.json field such as 'test_loss')")
+        if self.sign not in (1.0, -1.0) or isinstance(self.sign, bool):
+            raise ValueError(f"Metric({self.key!r}): sign={self.sign!r}; allowed: 1.0 (higher is better) or -1.0 "
+                             "(lower is better, a loss)")
+
 
 @dataclasses.dataclass(frozen=True)
 class Powered:
@@ -52,6 +61,12 @@ class Powered:
 
     first: int
     cap: int = 64
+
+    def __post_init__(self):
+        for field, low in (("first", 0), ("cap", MIN_PAIRS)):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low or value >= 2**32:
+                raise ValueError(f"Powered: {field}={value!r}; allowed: an integer seed count or seed >= {low}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +101,36 @@ class Preset:
     grid: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
     analyze: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        """One line naming the field, the value and what is allowed: a preset is checked when its file loads."""
+        where = f"Preset({self.name!r})"
+        for field in ("name", "config"):
+            if not isinstance(getattr(self, field), str) or not getattr(self, field).strip():
+                raise ValueError(f"{where}: {field}={getattr(self, field)!r}; allowed: a non-empty string")
+        for field in ("arms", "overrides", "grid", "analyze", "options", "findings"):
+            if not isinstance(getattr(self, field), Mapping):
+                raise ValueError(f"{where}: {field}={getattr(self, field)!r}; allowed: a dict")
+        if not self.arms or not all(isinstance(k, str) and isinstance(v, Mapping) for k, v in self.arms.items()):
+            raise ValueError(f"{where}: arms={self.arms!r}; allowed: a non-empty dict {{arm name: {{'dotted.key': "
+                             "value}}")
+        bad = next((k for k, f in self.findings.items() if not isinstance(f, Finding)), None)
+        if bad is not None:
+            raise ValueError(f"{where}: findings['{bad}']={self.findings[bad]!r}; allowed: an "
+                             "attn_lab.experiment.Finding")
+        if self.baseline is not None and self.baseline not in self.arms:
+            raise ValueError(f"{where}: baseline={self.baseline!r} is not an arm; arms: {', '.join(self.arms)}")
+        if self.metric is not None and not isinstance(self.metric, Metric):
+            raise ValueError(f"{where}: metric={self.metric!r}; allowed: an attn_lab.experiment.Metric")
+        seeds = [] if isinstance(self.seeds, Powered) else self.seeds
+        for field, values in (("seeds", seeds), ("pilot_seeds", self.pilot_seeds)):
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not all(
+                    isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32 for s in values):
+                raise ValueError(f"{where}: {field}={values!r}; allowed: a list of integer seeds in [0, 2**32 - 1]"
+                                 + (" or Powered(first)" if field == "seeds" else ""))
+            if len(set(values)) != len(values) or (field == "seeds" and not values and
+                                                   not isinstance(self.seeds, Powered)):
+                raise ValueError(f"{where}: {field}={list(values)!r}; give each seed once, at least one")
 
     def replace(self, **changes: Any) -> "Preset":
         """A copy with ``changes`` (presets built from presets: ``LM.replace(name=..., findings=...)``)."""

@@ -5,13 +5,14 @@ shared by pilot and verdict, a pilot of fewer than 3 seeds, a pilot whose metric
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from attn_lab.experiment import Finding, Metric, Preset, fingerprint
+from attn_lab.experiment import Finding, Metric, Powered, Preset, fingerprint
 from attn_lab.reporting.stats import paired
 from attn_lab.reporting.verdicts import Design
 from attn_lab.sweep import plans
@@ -55,6 +56,38 @@ def test_the_fingerprint_follows_what_a_pilot_measures_not_the_words_or_the_seed
              base.replace(metric=Metric("test_accuracy", "acc")), base.replace(config="configs/numbers.py")]
     assert all(fingerprint(p) == fingerprint(base) for p in same)
     assert len({fingerprint(p) for p in [base, *moved]}) == len(moved) + 1
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("arms", {}, "arms={}; allowed: a non-empty dict"), ("seeds", [1, 1], "seeds=[1, 1]; give each seed once"),
+    ("seeds", "0,1", "seeds='0,1'; allowed: a list of integer seeds"),
+    ("baseline", "h4", "baseline='h4' is not an arm"),
+    ("metric", "test_loss", "metric='test_loss'; allowed: an attn_lab.experiment.Metric"),
+    ("findings", {"h1": 0.02}, "findings['h1']=0.02; allowed: an attn_lab.experiment.Finding"),
+    ("pilot_seeds", [-1], "pilot_seeds=[-1]; allowed: a list of integer seeds"),
+    ("seeds", Powered(10, 64), None)])
+def test_a_preset_is_checked_field_by_field_when_its_file_loads(field, value, message):
+    given = {"arms": {"h1": {"model.num_heads": 1}, "h2": {}}, field: value}
+    if message is None:
+        assert Preset("x", "c.py", **given).seeds == value
+        return
+    with pytest.raises(ValueError, match=re.escape(f"Preset('x'): {message}")):
+        Preset("x", "c.py", **given)
+    with pytest.raises(ValueError, match="Powered: cap=2; allowed"):
+        Powered(10, 2)
+    with pytest.raises(ValueError, match="sign=0.5; allowed: 1.0"):
+        Metric("test_loss", "loss", 0.5)
+
+
+def test_a_plan_edited_into_another_shape_is_one_line_naming_it(tmp_path):
+    path = _write(tmp_path / "outside")
+    exp = load_experiment(f"{path}:quick")
+    for body in ({"findings": {"h1": 3}, "experiment_hash": "x"}, {"findings": {}, "experiment_hash": "x", "pilot": 3},
+                 {"findings": {"h1": {"sd": "wide", "effect": 0.1}}, "experiment_hash": fingerprint(exp.preset),
+                  "pilot": {"seeds": [0, 1, 2]}}):
+        plans.write_plan(exp.plan_path, body)
+        with pytest.raises(ValueError, match=re.escape(exp.plan_path) + ".*re-pilot"):
+            load_experiment(f"{path}:quick")
 
 
 def test_a_pilot_without_enough_finite_pairs_writes_no_plan_and_a_flat_one_stays_exploratory():

@@ -12,7 +12,6 @@ verdict. A plan whose fingerprint is not the preset's is stale (:func:`plan_prob
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -21,9 +20,9 @@ from typing import Any
 from attn_lab.experiment import Preset, fingerprint
 from attn_lab.io import write_json_atomic
 from attn_lab.reporting import stats
-from attn_lab.results import read_record
 from attn_lab.reporting.plan import MIN_PAIRS
 from attn_lab.reporting.verdicts import Design
+from attn_lab.results import read_record
 
 PLANS = "plans"  # the folder beside the experiment file
 FIELDS = ("effect", "sd", "pilot_collapsed")
@@ -41,9 +40,12 @@ def read_plan(path: str) -> dict[str, Any] | None:
         plan = read_record(os.path.dirname(path), os.path.basename(path))
     except ValueError as e:
         raise ValueError(f"{e}; re-pilot the preset (--pilot) to write it again") from None
-    if plan is not None and (not isinstance(plan.get("findings"), dict) or "experiment_hash" not in plan):
-        raise ValueError(f"{path}: not a plan file (no 'findings' or 'experiment_hash'); re-pilot the preset "
-                         "(--pilot) to write it again")
+    if plan is not None and (not isinstance(plan.get("findings"), dict) or "experiment_hash" not in plan
+                             or not all(isinstance(v, dict) for v in plan["findings"].values())
+                             or not isinstance(plan.get("pilot", {}), dict)
+                             or not isinstance(plan.get("pilot", {}).get("seeds", []), list)):
+        raise ValueError(f"{path}: not a plan file (its 'findings', 'pilot' or 'experiment_hash' is missing or of "
+                         "another shape); re-pilot the preset (--pilot) to write it again")
     return plan
 
 

@@ -341,7 +341,10 @@ def _declared(path: str, module: Any, name: str) -> tuple[dict[str, Any], Any, d
     path_of_plan = plans.plan_path(path, preset.name)
     plan = plans.read_plan(path_of_plan)
     problem = plans.plan_problem(plan, preset, path_of_plan, f"{path}:{name}")
-    design = plans.design_of(preset, plan, path_of_plan)
+    try:
+        design = plans.design_of(preset, plan, path_of_plan)
+    except (ValueError, TypeError) as e:  # a plan edited by hand: its numbers are not a design's
+        raise ValueError(f"{path_of_plan}: {e}; re-pilot: {plans.pilot_command(f'{path}:{name}')}") from None
     seeds = list(preset.seeds) if not isinstance(preset.seeds, Powered) else None
     if seeds is None:
         first, cap = preset.seeds.first, preset.seeds.cap
