@@ -413,7 +413,8 @@ def test_make_tables_tabulates_an_experiment_file_with_its_own_report_and_publis
 
 def test_make_tables_without_a_report_tables_every_arm_and_the_verdicts(tmp_path):
     """An experiment that declares arms and findings and no report gets the shared one: a row per arm (the deciding
-    metric, parameters, steps/s) and the verdict table, judged in the preset's metric against its baseline."""
+    metric, parameters, steps/s) and the verdict table, judged in the preset's metric against its baseline; and
+    each finding's paired difference against step from the runs' validation evaluations."""
     experiment = tmp_path / "bare.py"
     experiment.write_text(textwrap.dedent("""
         from attn_lab.experiment import Finding, Metric, Preset
@@ -431,12 +432,16 @@ def test_make_tables_without_a_report_tables_every_arm_and_the_verdicts(tmp_path
             results = {"final": {"test": {"loss": loss + 0.01 * seed * (arm == "a")}}, "best": {}, "num_params": 10,
                        "steps": 4, "steps_per_sec": 5.0, "config": {"seed": seed}}
             (sweep / f"variant={arm},seed={seed}" / "results.json").write_text(json.dumps(results))
+            (sweep / f"variant={arm},seed={seed}" / "metrics.jsonl").write_text("".join(
+                json.dumps({"step": step, "eval/loss": loss + (0.01 * seed + 0.1 / step) * (arm == "a")}) + "\n"
+                for step in (2, 4)))
     proc = _tables([sys.executable, "-m", "attn_lab.reporting"], "--workdir", str(sweep))
     assert proc.returncode == 0, proc.stderr[-2000:]
     md = (sweep / "tables" / "bare.md").read_text()
     assert "| arm | loss | params | steps/s |" in md and "| a | 1.5100 ± 0.0100 (3) | 10 | 5.00 |" in md, md
     verdict = md[md.index("### Verdicts"):]
     assert "| a is worse than b | - | 0.02 | -0.510 [" in verdict and "minus the test loss (nats)" in verdict
+    assert (sweep / "tables" / "verdict_steps.png").exists() and "against step" in proc.stdout  # the moving figure
 
 
 RECALL_EFFECT = {"attention solves": 0.0, "linear below attention": -0.5, "performer below attention": -0.5,

@@ -96,6 +96,7 @@ def main(argv: list[str]) -> int:
         sys.exit(f"error: {e}")
     print(write_tables(out, name, tables))
     _curves(out, sweep_dir, rows)
+    _verdict_steps(out, sweep_dir, rows, exp)
     envs = _environments(sweep_dir, rows)
     print("Environments of these runs:\n" + "\n".join(f"  {line}" for line in envs))
     write_text_atomic(pathlib.Path(out, "environments.md"),
@@ -115,6 +116,19 @@ def _curves(out: str, sweep_dir: str, rows: list[dict]) -> None:
         return
     if path:
         print(f"learning curves per variant (mean over seeds, band min-max): {path}")
+
+
+def _verdict_steps(out: str, sweep_dir: str, rows: list[dict], exp) -> None:
+    """Each finding's paired difference against step (validation), beside the tables; a note when it fails."""
+    from attn_lab.reporting.moving import write_verdict_steps
+
+    try:
+        path = write_verdict_steps(out, sweep_dir, rows, exp)
+    except Exception as e:  # noqa: BLE001 (as the curves: the tables are written either way)
+        print(f"note: the verdict-vs-step figure was not drawn ({type(e).__name__}: {e})")
+        return
+    if path:
+        print(f"each finding's paired difference against step (validation, interval over seeds): {path}")
 
 
 def _runs(folder: str) -> int:
