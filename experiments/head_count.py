@@ -5,10 +5,9 @@ fixed d_k (rows ``B-h<h>``), and 8 query heads sharing 1 or 2 key/value heads (`
   python -m attn_lab.sweep --experiment experiments/head_count.py:quick --workdir runs/head_count_lm --vmap-seeds
   python -m attn_lab.sweep --experiment experiments/head_count.py:quick --workdir runs/pilot/hc --pilot  # re-plan
 
-Presets: ``demo`` (the Quickstart), ``quick`` = ``lm`` (the decoder-only LM, in nats), ``lm_powered`` / ``lm_mqa``
-(one finding at the seeds its plan asks), ``numbers`` (translation, exact match), ``sharp`` / ``sharp_h4`` /
-``sharp_powered`` / ``sharp_curve`` (D-retrieval), ``full``, ``gpu``. Why each budget, and every run:
-docs/head_count.md.
+Presets: ``demo`` (the Quickstart), ``quick`` = ``lm`` (decoder-only LM, nats), ``lm_powered`` / ``lm_mqa`` (one
+finding at the seeds its plan asks), ``sentiment`` (tweet classification, nats of the true class), ``numbers``
+(translation, exact match), ``sharp*`` (D-retrieval), ``full``, ``gpu``. Budgets and every run: docs/head_count.md.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ def budget(steps: int) -> dict:
 NATS = Metric("test_loss", "minus the test loss (nats)", sign=-1.0)
 EXACT = Metric("test_exact_match", "test exact match")
 READOUT = Metric("test_accuracy", "test accuracy at the read-out position")
+CLASS = Metric("test_loss", "minus the test loss: log-likelihood of the true class (nats)", sign=-1.0)
 MARGIN, SHARP_MARGIN = 0.02, 0.25  # 2% perplexity (or exact match); a quarter of the answers (chance's share)
 
 
@@ -99,6 +99,8 @@ PRESETS = {
                                              pilot_seeds=(*range(5), 100, 101, 102, 110, 111, 112, 200, 201)),
     "sharp_curve": Preset("head_count_sharp_sum_curve", "configs/dretrieval.py:sum",
                           sharp_rows([2, 3], (1, 2, 4, 8)), [200, 201], metric=READOUT),
+    "sentiment": Preset("head_count_sentiment", "configs/sentiment.py:quick", rows(64, [1, 8, 16], 16, [], (
+        "A-h1", "A-h8", "A-h16")), range(100, 105), {k: FINDINGS_LM[k] for k in ("A-h1", "A-h16")}, "A-h8", CLASS),
     "full": Preset("head_count_full", "configs/numbers.py", rows(128, [1, 2, 4, 8, 16, 32], 32, [1, 2, 8, 16]),
                    range(5), FINDINGS, "A-h8", EXACT, overrides=BEAM),
     "gpu": Preset("head_count_gpu", "configs/bible.py", rows(256, [1, 4, 8, 16], 64, [], ("A-h1", "A-h4", "A-h8",
