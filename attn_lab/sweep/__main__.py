@@ -40,6 +40,7 @@ from attn_lab.reporting.stats import INTERVAL
 from attn_lab.reporting.tables import read_json
 from attn_lab.reporting.verdicts import EXPLORATORY, file_sha256, plan_text, registration
 from attn_lab.sweep import pilot as pilot_lib
+from attn_lab.sweep import plans
 from attn_lab.sweep.runner import (
     check_trials,
     child_env,
@@ -295,21 +296,21 @@ def _stage(spec: str, workdir: str, extra: list[str], stage: str, summary: bool 
         print(pilot_lib.plan_summary(exp, exp.plan, list(exp.seeds)))
     lock = None if _WANDB_TRIAL.value else _lock(workdir)  # W&B agents share one folder by design
     try:
-        start = time.monotonic()
+        start, git = time.monotonic(), plans.git_now() if stage == "pilot" else None  # the code the pilot runs
         code, statuses = _run(exp, spec, trials, workdir, extra)
         if stage != "pilot" or code:
             return code
         wall = time.monotonic() - start if all(s == "ok" for s in statuses.values()) else None  # resumed: partial
-        return _write_plan(exp, spec, workdir, wall)
+        return _write_plan(exp, spec, workdir, wall, git)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _write_plan(exp: Experiment, spec: str, workdir: str, wall: float | None) -> int:
+def _write_plan(exp: Experiment, spec: str, workdir: str, wall: float | None, git: dict | None) -> int:
     """The finished pilot's plan, written beside the experiment file and printed; none when it cannot be measured."""
     try:
-        path, plan = pilot_lib.write_from_pilot(exp, spec, collect(exp, workdir), workdir, sys.argv, wall)
+        path, plan = pilot_lib.write_from_pilot(exp, spec, collect(exp, workdir), workdir, sys.argv, wall, git)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

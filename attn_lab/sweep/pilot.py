@@ -63,7 +63,7 @@ def check_verdict(exp: Experiment, spec: str) -> None:
 
 
 def write_from_pilot(exp: Experiment, spec: str, rows: list[dict], workdir: str, command: Sequence[str],
-                     wall: float | None) -> tuple[str, dict[str, Any]]:
+                     wall: float | None, git: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """Measures the finished pilot and writes its plan (nothing when a finding cannot be measured, or while a trial
     of the pilot -- another shard's -- has not finished: the invocation that finishes the last one writes it)."""
     waiting = [r["trial"] for r in rows if r.get("status") not in ("ok", "skipped")]
@@ -80,7 +80,8 @@ def write_from_pilot(exp: Experiment, spec: str, rows: list[dict], workdir: str,
     for row in rows:
         if row.get("steps_per_sec"):
             speeds.setdefault(str(row.get("variant", row["trial"])), []).append(float(row["steps_per_sec"]))
-    record = plans.pilot_record(exp.seeds, workdir, command, wall, {k: sum(v) / len(v) for k, v in speeds.items()})
+    record = plans.pilot_record(exp.seeds, workdir, command, wall, {k: sum(v) / len(v) for k, v in speeds.items()},
+                                git)
     count = len(exp.preset.seeds) if not isinstance(exp.preset.seeds, Powered) else MIN_PAIRS
     plan = plans.build_plan(exp.preset, spec, numbers, record, count, measured)
     plans.write_plan(exp.plan_path, plan)

@@ -141,12 +141,18 @@ def build_plan(preset: Preset, spec: str, numbers: Mapping[str, dict], pilot: Ma
     return plan
 
 
-def pilot_record(seeds: Sequence[int], workdir: str, command: Sequence[str], wall_seconds: float | None,
-                 steps_per_sec: Mapping[str, float]) -> dict[str, Any]:
-    """Where the pilot's numbers come from: its seeds, folder, command, commit, wall time and steps/s per arm."""
-    from attn_lab.environment import git_state  # imports jax: only once a pilot has run
+def git_now() -> dict[str, Any]:
+    """The checkout's commit and whether it is dirty (taken when a pilot starts: the code it runs)."""
+    from attn_lab.environment import git_state  # imports jax: only when a pilot runs
 
-    git = git_state()
+    return git_state()
+
+
+def pilot_record(seeds: Sequence[int], workdir: str, command: Sequence[str], wall_seconds: float | None,
+                 steps_per_sec: Mapping[str, float], git: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Where the pilot's numbers come from: its seeds, folder, command, commit (``git``: as the pilot started),
+    wall time and steps/s per arm."""
+    git = git or git_now()
     return {"seeds": list(seeds), "workdir": os.path.abspath(workdir), "command": " ".join(command),
             "commit": git["commit"], "dirty": git["dirty"],
             "wall_seconds": None if wall_seconds is None else round(wall_seconds, 1),
