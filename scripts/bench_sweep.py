@@ -31,7 +31,8 @@ MODES = {"separate": [], "vmap": ["--vmap-seeds"], "separate-parallel2": ["--par
 
 
 _EXPERIMENT = flags.DEFINE_string("experiment", "experiments/head_count.py:numbers", "Experiment file[:preset].")
-_SEEDS = DEFINE_integer_list("seeds", [0, 1, 2], "Comma-separated seeds of every mode's sweep.")
+_SEEDS = DEFINE_integer_list("seeds", [10, 11, 12], "Comma-separated seeds of every mode's sweep (not the preset's "
+                             "pilot seeds: a sweep on those is refused, they belong to its plan).")
 _MODES = flags.DEFINE_list("modes", ["separate", "vmap"], f"Comma-separated, from {', '.join(MODES)}.")
 _WORKDIR = flags.DEFINE_string("workdir", "bench/sweep", "Folder of the sweeps, one per mode, and bench_sweep.json.")
 _OUT = flags.DEFINE_string("out", None, "Also write the Markdown table here.")
