@@ -169,6 +169,9 @@ def test_a_pilot_measures_each_finding_and_writes_its_plan_only_once_every_trial
     assert set(plan["plan"]["findings"]["h1"]) >= {"chance", "confirmatory", "seeds_needed", "sd_plan"}
     planned = load_experiment(f"{path}:quick")
     assert planned.plan_problem is None and planned.design.effect["h1"] == pytest.approx(mean, abs=1e-6)
+    assert plans.estimated_seconds(plan, 6) == pytest.approx(20.0)  # the wall time, scaled by seeds
+    resumed = {**plan, "pilot": {**plan["pilot"], "wall_seconds": None, "steps": {"h1": 8, "h2": 8}}}
+    assert plans.estimated_seconds(resumed, 3) == pytest.approx(8 / 4.0 + 8 / 4.0)  # arms in turn at their speed
 
 
 @pytest.mark.slow

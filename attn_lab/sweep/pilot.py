@@ -77,11 +77,14 @@ def write_from_pilot(exp: Experiment, spec: str, rows: list[dict], workdir: str,
     label = exp.preset.metric.key if exp.preset.metric else "the deciding metric"
     numbers = plans.pilot_numbers(exp.design, diffs, diverged, label)
     speeds: dict[str, list[float]] = {}
+    steps: dict[str, int] = {}
     for row in rows:
         if row.get("steps_per_sec"):
-            speeds.setdefault(str(row.get("variant", row["trial"])), []).append(float(row["steps_per_sec"]))
+            arm = str(row.get("variant", row["trial"]))
+            speeds.setdefault(arm, []).append(float(row["steps_per_sec"]))
+            steps[arm] = int(row.get("steps") or 0)
     record = plans.pilot_record(exp.seeds, workdir, command, wall, {k: sum(v) / len(v) for k, v in speeds.items()},
-                                git)
+                                git, steps)
     count = len(exp.preset.seeds) if not isinstance(exp.preset.seeds, Powered) else MIN_PAIRS
     plan = plans.build_plan(exp.preset, spec, numbers, record, count, measured)
     plans.write_plan(exp.plan_path, plan)
@@ -110,7 +113,7 @@ def plan_summary(exp: Experiment, plan: dict[str, Any], seeds: list[int]) -> str
         role = "confirmatory" if entry["confirmatory"] else EXPLORATORY
         lines.append(f"  {key}: {finding.claim} -- {plan_text(entry, finding.margin)} -> {role}")
     estimate = plans.estimated_seconds(plan, len(seeds))
-    lines.append("  estimated time: " + (f"{estimate / 60:.1f} minutes (the pilot's wall time scaled by seeds; "
-                                         "vectorized seeds cost less)" if estimate else "unknown (the pilot's wall "
-                                                                                        "time was not measured)"))
+    lines.append("  estimated time: " + (f"{estimate / 60:.1f} minutes (the pilot's {plans.estimate_basis(plan)} "
+                                         "scaled by seeds; vectorized seeds cost less)" if estimate else
+                                         "unknown (the pilot measured neither its wall time nor its steps/s)"))
     return "\n".join(lines)

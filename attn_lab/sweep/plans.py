@@ -149,14 +149,15 @@ def git_now() -> dict[str, Any]:
 
 
 def pilot_record(seeds: Sequence[int], workdir: str, command: Sequence[str], wall_seconds: float | None,
-                 steps_per_sec: Mapping[str, float], git: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 steps_per_sec: Mapping[str, float], git: Mapping[str, Any] | None = None,
+                 steps: Mapping[str, int] | None = None) -> dict[str, Any]:
     """Where the pilot's numbers come from: its seeds, folder, command, commit (``git``: as the pilot started),
-    wall time and steps/s per arm."""
+    wall time, and steps/s and steps per arm."""
     git = git or git_now()
     return {"seeds": list(seeds), "workdir": os.path.abspath(workdir), "command": " ".join(command),
             "commit": git["commit"], "dirty": git["dirty"],
             "wall_seconds": None if wall_seconds is None else round(wall_seconds, 1),
-            "steps_per_sec": {k: round(v, 3) for k, v in steps_per_sec.items()}}
+            "steps_per_sec": {k: round(v, 3) for k, v in steps_per_sec.items()}, "steps": dict(steps or {})}
 
 
 def write_plan(path: str, plan: Mapping[str, Any]) -> None:
@@ -166,8 +167,17 @@ def write_plan(path: str, plan: Mapping[str, Any]) -> None:
 
 
 def estimated_seconds(plan: Mapping[str, Any], seeds: int) -> float | None:
-    """The verdict run's time scaled from the pilot's wall time by seeds (a vectorized seed costs less: an upper
-    estimate); None when the pilot's wall time was not measured (it ran in several invocations)."""
+    """The verdict run's time scaled from the pilot's by seeds (a vectorized seed costs less: an upper estimate):
+    its wall time, else (a pilot that ran in several invocations) its arms one after another at their measured
+    steps/s; None when it measured neither."""
     pilot = plan.get("pilot", {})
-    wall, count = pilot.get("wall_seconds"), len(pilot.get("seeds", ()))
-    return None if not wall or not count else wall * seeds / count
+    count, wall = len(pilot.get("seeds", ())), pilot.get("wall_seconds")
+    speeds, steps = pilot.get("steps_per_sec") or {}, pilot.get("steps") or {}
+    serial = sum(steps[a] / v for a, v in speeds.items() if v and steps.get(a)) if speeds else 0.0
+    base = wall or serial
+    return None if not base or not count else base * seeds / count
+
+
+def estimate_basis(plan: Mapping[str, Any]) -> str:
+    """What :func:`estimated_seconds` scaled: the pilot's wall time, or its arms' steps at their steps/s."""
+    return "wall time" if plan.get("pilot", {}).get("wall_seconds") else "arms run one after another at its steps/s"
