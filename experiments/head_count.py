@@ -127,8 +127,9 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     heads = lambda a: arm(a).get("model.num_heads")  # noqa: E731
     own = [Column("h", lambda a, g: heads(a)), Column("d_k", lambda a, g: arm(a).get("model.head_dim")),
            Column("kv heads", lambda a, g: arm(a).get("model.num_kv_heads") or heads(a))]
-    paper = [] if sharp else [metric_column("test_bleu", "BLEU", 2), metric_column("test_loss", "PPL", 3, math.exp),
-                              Column("Vaswani PPL / BLEU", lambda a, g: _paper(a, heads(a)))]
+    paper = [] if sharp else [metric_column("test_accuracy", "accuracy")] if metric == CLASS else [
+        metric_column("test_bleu", "BLEU", 2), metric_column("test_loss", "PPL", 3, math.exp),
+        Column("Vaswani PPL / BLEU", lambda a, g: _paper(a, heads(a)))]
     series = {}
     for name, group, _ in every_variant(rows):
         family = name.split("-")[0]
