@@ -21,13 +21,46 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-from attn_lab.reporting.plan import MIN_PAIRS
-from attn_lab.reporting.verdicts import Finding
+from typing import Any, Literal
 
 __all__ = ["Finding", "Metric", "Powered", "Preset", "fingerprint"]
+
+Direction = Literal["up", "down", "same", "not_worse"]
+DIRECTIONS = ("up", "down", "same", "not_worse")
+MIN_PAIRS = 3  # the fewest seeds anything is decided on (attn_lab.reporting.plan reads it from here)
+
+
+def is_number(x: Any) -> bool:
+    """An int or float, not a bool (``True`` is an int to Python, never a margin or an sd)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """A published finding in one line, how it would show in our metric, and the paper's own number.
+
+    Attributes:
+      claim: the finding, e.g. 'one head is worse than eight (Table 3, rows A)'.
+      paper: the paper's number as text, e.g. '-0.9 BLEU'.
+      direction: 'up' / 'down' (the compared row's metric minus the baseline's should be > 0 / < 0 by at least
+        ``margin``), 'same' (within ``margin`` either way) or 'not_worse' (loses less than ``margin``).
+      margin: the smallest difference that counts as an effect, in the metric's units; fixed before a run.
+      exploratory: a finding formed after looking at data of these seeds: shown, never in the Holm family.
+    """
+
+    claim: str
+    paper: str
+    direction: Direction
+    margin: float
+    exploratory: bool = False
+
+    def __post_init__(self):
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"Finding({self.claim!r}): direction={self.direction!r}, allowed: {DIRECTIONS}")
+        if not (is_number(self.margin) and self.margin > 0 and math.isfinite(self.margin)):
+            raise ValueError(f"Finding({self.claim!r}): margin={self.margin!r} must be a positive number")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,9 +2,10 @@
 slow or optional), imports nothing from a higher layer -- at module level or inside a function -- and the top-level
 packages import each other without a cycle.
 
-Layers, low to high: the top-level utility modules (attn_lab/*.py) -> attention -> data -> models -> objectives ->
-train -> analysis -> reporting -> sweep. A module may import its own layer and any lower one, so each layer can be read,
-tested and forked without the ones above it. A package's ``__main__`` (its command: ``python -m attn_lab.reporting``)
+Layers, low to high: the top-level utility modules (attn_lab/*.py, among them the experiment declaration) ->
+published (the papers' numbers) -> attention -> data -> models -> objectives -> train -> analysis -> reporting ->
+sweep. A module may import its own layer and any lower one, so each layer can be read, tested and forked without
+the ones above it. A package's ``__main__`` (its command: ``python -m attn_lab.reporting``)
 sits above every layer: it may import any of them, and no module imports it.
 
 The library launches commands as ``python -m attn_lab.<package>``, never a script by path: no string in its code
@@ -19,7 +20,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "attn_lab"
 # above the utility modules
-LAYERS = ("attention", "data", "models", "objectives", "train", "analysis", "reporting", "sweep")
+LAYERS = ("published", "attention", "data", "models", "objectives", "train", "analysis", "reporting", "sweep")
 
 
 def module_name(path: pathlib.Path) -> str:

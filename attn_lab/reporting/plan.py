@@ -21,6 +21,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from attn_lab.experiment import MIN_PAIRS  # noqa: F401 (re-exported: the plan's floor)
 from attn_lab.reporting import stats
 
 PLAN_DRAWS = 1000  # simulated verdict runs per (n, effect, sd): the chance's standard error is <= 0.016
@@ -29,7 +30,7 @@ SD_CONFIDENCE = 0.8  # plan with the pilot sd's upper limit at this confidence
 MAX_SEEDS = 64  # the plan looks for the seeds a finding needs up to here
 SCAN_UP_TO = 12  # ... counting one by one up to here
 PLAN_RESAMPLES = 399  # sampled bootstrap-t in the plan's simulated runs above stats.EXACT_UP_TO pairs
-MIN_PAIRS = 3  # below this a t-interval has one degree of freedom: nothing is decided by one seed's luck
+# below MIN_PAIRS a t-interval has one degree of freedom: nothing is decided by one seed's luck
 INCONCLUSIVE, REPRODUCED, SMALLER, NOT_REPRODUCED = range(4)
 NAMES = ("inconclusive", "reproduced", "smaller than published", "not reproduced")
 

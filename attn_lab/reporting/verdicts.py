@@ -57,52 +57,21 @@ import hashlib
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
+from attn_lab.experiment import DIRECTIONS, Direction, Finding  # noqa: F401 (re-exported: the rule's names)
+from attn_lab.experiment import is_number as _number
 from attn_lab.reporting import plan as plan_lib
 from attn_lab.reporting import stats
 from attn_lab.reporting.plan import MIN_PAIRS, POWER
 from attn_lab.reporting.stats import INTERVAL, LEVEL, Interval, paired
 
 ALPHA = (1 - LEVEL) / 2  # one-sided level of each interval edge
-Direction = Literal["up", "down", "same", "not_worse"]
-DIRECTIONS = ("up", "down", "same", "not_worse")
 EXPLORATORY = "exploratory"
 WITHHELD = "withheld"
 VERDICTS = ("reproduced", "smaller than published", "not reproduced", "inconclusive")
-
-
-def _number(x: Any) -> bool:
-    """An int or float, not a bool (``True`` is an int to Python, never a margin or an sd)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    """A published finding in one line, how it would show in our metric, and the paper's own number.
-
-    Attributes:
-      claim: the finding, e.g. 'one head is worse than eight (Table 3, rows A)'.
-      paper: the paper's number as text, e.g. '-0.9 BLEU'.
-      direction: 'up' / 'down' (the compared row's metric minus the baseline's should be > 0 / < 0 by at least
-        ``margin``), 'same' (within ``margin`` either way) or 'not_worse' (loses less than ``margin``).
-      margin: the smallest difference that counts as an effect, in the metric's units; fixed before a run.
-      exploratory: a finding formed after looking at data of these seeds: shown, never in the Holm family.
-    """
-
-    claim: str
-    paper: str
-    direction: Direction
-    margin: float
-    exploratory: bool = False
-
-    def __post_init__(self):
-        if self.direction not in DIRECTIONS:
-            raise ValueError(f"Finding({self.claim!r}): direction={self.direction!r}, allowed: {DIRECTIONS}")
-        if not (_number(self.margin) and self.margin > 0 and math.isfinite(self.margin)):
-            raise ValueError(f"Finding({self.claim!r}): margin={self.margin!r} must be a positive number")
 
 
 @dataclasses.dataclass(frozen=True)
