@@ -16,9 +16,8 @@ import math
 import os
 
 from attn_lab.experiment import Finding, Metric, Powered, Preset
-from attn_lab.published.vaswani import BEAM, GROUPED_QUERY, MULTI_QUERY, TABLE3, vs
-from attn_lab.published.vaswani import SHARP as SHARP_PAPER
-from attn_lab.reporting.default import Column, default_columns, metric_column, results_table, verdicts
+from attn_lab.published.vaswani import BEAM, GROUPED_QUERY, MULTI_QUERY, SHARP, TABLE3, vs
+from attn_lab.reporting.default import Column, as_declared, default_columns, metric_column, results_table, verdicts
 from attn_lab.reporting.tables import Table, column, every_variant, unfinished_table
 
 # --- arms --------------------------------------------------------------------------------------------------------
@@ -71,7 +70,7 @@ FINDINGS_LM = table3({"A-h1": vs((1, 512), column=0), "A-h16": vs((16, 32), colu
 DEMO_FINDING = {"A-h16": Finding("sixteen heads are no better or worse than eight (Table 3 A; 200 steps from scratch)",
                                  FINDINGS_LM["A-h16"].paper, "same", MARGIN)}
 TRANSITION = "h < D fails, h >= D solves"
-SHARP = {"A-h1": Finding("one head fails where two solve when an answer sums two lookups (arXiv 2510.06662)",
+SHARP_SUM = {"A-h1": Finding("one head fails where two solve when an answer sums two lookups (arXiv 2510.06662)",
                          TRANSITION, "down", SHARP_MARGIN),
          "A-h4": Finding("four heads solve it as two do (h >= D)", "h >= D solves", "same", SHARP_MARGIN)}
 SHARP_H4 = {"A-h1": Finding("one head fails where four solve when an answer sums two lookups (arXiv 2510.06662: "
@@ -93,7 +92,7 @@ PRESETS = {
     "numbers": Preset("head_count_quick", "configs/numbers.py:quick", rows(64, [1, 2, 4, 8, 16], 16, [1, 8]),
                       range(100, 105), FINDINGS, "A-h8", EXACT, overrides=budget(150) | BEAM),
     "sharp": Preset("head_count_sharp_sum", "configs/dretrieval.py:sum", sharp_rows([2], (1, 2, 4)), [100, 101, 102],
-                    SHARP, "A-h2", READOUT),
+                    SHARP_SUM, "A-h2", READOUT),
     "sharp_h4": SHARP_H4_PRESET,
     "sharp_powered": SHARP_H4_PRESET.replace(name="head_count_sharp_powered", seeds=Powered(120),
                                              pilot_seeds=(*range(5), 100, 101, 102, 110, 111, 112, 200, 201)),
@@ -122,6 +121,7 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     of the deciding metric against h per family (rows A, rows B, or one curve per D)."""
     from attn_lab.reporting.plots import errorbar_plot
 
+    exp = as_declared(exp, EXACT if any("test_exact_match" in r for r in rows) else NATS, "A-h8")
     metric, sharp = exp.preset.metric, exp.preset.metric.key == "test_accuracy"
     arm = lambda a: exp.variants.get(a, {})  # noqa: E731
     heads = lambda a: arm(a).get("model.num_heads")  # noqa: E731
@@ -144,7 +144,7 @@ def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
     note = ("Mean ± std (seeds). Published: Vaswani et al. Table 3, same h at d_model 512; multi-query (Shazeer) BLEU "
             f"{MULTI_QUERY['mha']['bleu']} -> {MULTI_QUERY['mqa']['bleu']}; GQA-8 (Ainslie et al.) "
             f"{GROUPED_QUERY['mha']} -> {GROUPED_QUERY['gqa8']}.") if not sharp else \
-        f"Mean ± std (seeds); chance 1/4 at every D (a sum mod 4). Published: {SHARP_PAPER}"
+        f"Mean ± std (seeds); chance 1/4 at every D (a sum mod 4). Published: {SHARP}"
     table = results_table(rows, exp, [*own, *default_columns(exp, rows), *paper], "Head count", note)
     judged = verdicts(rows, sweep_dir, exp)
     return [table, *([judged] if judged else []), *unfinished_table(rows)]

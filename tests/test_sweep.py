@@ -35,6 +35,9 @@ def _experiment(tmp_path, body: dict, report: str | None = None) -> str:
     shipped += "\n\ndel PRESETS  # this test's get_experiment builds the sweep\n" if "PRESETS" in shipped else ""
     path.write_text(shipped + textwrap.dedent(f"""
 
+        from attn_lab.reporting.verdicts import Design, Finding  # what a design's repr names
+
+
         def get_experiment(preset="quick"):
             return {body!r}
     """))
@@ -256,7 +259,7 @@ def test_a_trial_that_dies_of_nan_keeps_its_error_line_in_results_csv_and_the_ta
                             capture_output=True, text=True, timeout=300)
     assert tables.returncode == 0, tables.stderr
     md = (runs / "tables" / "x.md").read_text()
-    assert "| A-h4 | 4 | – | 4 | – | – | – | – | – | – | 5.0 / 25.5 | failed (1 of 1 seeds) |" in md, md
+    assert "| A-h4 | 4 | – | 4 | – | – | – | – | – | 5.0 / 25.5 | failed (1 of 1 seeds) |" in md, md
     assert "| status |" in md and "| A-h2 | 2 |" in md and "| ok |" in md
     assert f"| variant=A-h4,seed=0 | {rows[1]['status']} |" in md
 

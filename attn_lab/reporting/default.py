@@ -57,6 +57,20 @@ def results_table(rows: Sequence[Mapping], exp: Any, columns: Sequence[Column], 
     return Table(title, header, body, note or "Mean ± std over seeds (seeds in brackets).")
 
 
+def as_declared(exp: Any, metric: Any, baseline: str) -> Any:
+    """``exp`` with a stand-in preset where it has none -- an experiment built by ``get_experiment`` tabulated by a
+    shipped report -- judging its design's findings in ``metric`` against ``baseline`` (when it is one of its arms)."""
+    if getattr(exp, "preset", None) is not None:
+        return exp
+    from attn_lab.experiment import Preset
+
+    arms = dict(getattr(exp, "variants", None) or {"all": {}})
+    design = getattr(exp, "design", None)
+    stand_in = Preset(exp.name or "sweep", "-", arms, findings=dict(design.findings) if design else {},
+                      baseline=baseline if baseline in arms else None, metric=metric)
+    return dataclasses.replace(exp, preset=stand_in)
+
+
 def arm_differences(rows: Sequence[Mapping], sweep_dir: str, exp: Any) -> tuple[dict, dict]:
     """Each finding's arm minus the preset's baseline, paired by seed in the preset's metric (times its sign):
     ``({key: Interval | None}, {key: seeds whose arm diverged})``; a finding whose arm has no finished row is None."""
