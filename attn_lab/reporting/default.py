@@ -18,7 +18,7 @@ import numpy as np
 
 from attn_lab.reporting.stats import Interval
 from attn_lab.reporting.tables import Table, column, every_variant, mean_std, unfinished_table, with_status
-from attn_lab.reporting.verdicts import compare, verdict_table
+from attn_lab.reporting.verdicts import arm_comparisons, verdict_table
 
 GENERIC = (("test_loss", "test loss"), ("test_accuracy", "test accuracy"), ("test_exact_match", "exact match"),
            ("test_bleu", "BLEU"))  # shown when a preset names no metric (and the rows have them)
@@ -78,12 +78,10 @@ def arm_differences(rows: Sequence[Mapping], sweep_dir: str, exp: Any) -> tuple[
     if preset is None or preset.metric is None or design is None:
         return {}, {}
     groups = {arm: g for arm, g, _ in every_variant(list(rows))}
-    base = groups.get(preset.baseline, [])
-    if not base:  # nothing to compare with: no verdict table (a finding without its arm stays in the family)
+    if not groups.get(preset.baseline):  # nothing to compare with: no verdict table
         return {}, {}
-    found = {k: compare(base, groups[k], preset.metric.key, preset.metric.sign, design.level)
-             if groups.get(k) else (None, []) for k in design.findings}
-    return {k: d for k, (d, _) in found.items()}, {k: list(s) for k, (_, s) in found.items()}
+    return arm_comparisons(groups, preset.baseline, list(design.findings), preset.metric.key, preset.metric.sign,
+                           design.level)
 
 
 def differences(rows: Sequence[Mapping], sweep_dir: str, exp: Any) -> tuple[dict[str, Interval | None], dict]:

@@ -474,15 +474,22 @@ def compare(baseline: Sequence[Mapping], other: Sequence[Mapping], metric: str, 
                                   [bc[s] for s in diff.seeds], values, level, diff.seeds), diverged)
 
 
+def arm_comparisons(groups: Mapping[str, Sequence[Mapping]], baseline: str, keys: Sequence[str], metric: str,
+                    sign: float = 1.0, level: float = LEVEL) -> tuple[dict, dict]:
+    """Each key's variant minus ``baseline`` (``groups``: variant -> its finished rows), paired by seed in
+    ``metric`` times ``sign``: ``({key: Interval | None}, {key: diverged seeds})``; a key whose variant has no
+    finished row is None (it stays in the family)."""
+    compared = {k: compare(groups[baseline], groups[k], metric, sign, level) if groups.get(k) else (None, [])
+                for k in keys}
+    return {k: d for k, (d, _) in compared.items()}, {k: list(s) for k, (_, s) in compared.items()}
+
+
 def variant_verdicts(groups: Mapping[str, Sequence[Mapping]], baseline: str, exp: Any, sweep_dir: str, metric: str,
                      label: str, sign: float = 1.0):
-    """The verdict table of findings that each compare one variant with ``baseline`` (``groups``: variant -> its
-    finished rows), paired by seed in ``metric`` (times ``sign``: -1 turns a loss into a higher-is-better score),
+    """The verdict table of findings that each compare one variant with ``baseline`` (:func:`arm_comparisons`),
     under the experiment's design; None without a comparison."""
     design = getattr(exp, "design", None)
     if baseline not in groups or design is None:
         return None
-    compared = {v: compare(groups[baseline], groups[v], metric, sign, design.level) if v in groups else (None, [])
-                for v in design.findings}  # a finding whose variant has no finished row stays in the family
-    return verdict_table(design, {k: d for k, (d, _) in compared.items()}, label, sweep_dir, exp,
-                         diverged={k: s for k, (_, s) in compared.items()})
+    diffs, diverged = arm_comparisons(groups, baseline, list(design.findings), metric, sign, design.level)
+    return verdict_table(design, diffs, label, sweep_dir, exp, diverged=diverged)

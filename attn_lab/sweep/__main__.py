@@ -297,7 +297,7 @@ def _stage(spec: str, workdir: str, extra: list[str], stage: str, summary: bool 
     lock = None if _WANDB_TRIAL.value else _lock(workdir)  # W&B agents share one folder by design
     try:
         start, git = time.monotonic(), plans.git_now() if stage == "pilot" else None  # the code the pilot runs
-        code, statuses = _run(exp, spec, trials, workdir, extra)
+        code, statuses = _run(exp, spec, trials, workdir, extra, pilot=stage == "pilot")
         if stage != "pilot" or code:
             return code
         wall = time.monotonic() - start if all(s == "ok" for s in statuses.values()) else None  # resumed: partial
@@ -331,10 +331,11 @@ def _lock(workdir: str) -> WorkdirLock:
     return lock
 
 
-def _run(exp: Experiment, spec: str, trials: list[Trial], workdir: str, extra: list[str]) -> tuple[int, dict]:
+def _run(exp: Experiment, spec: str, trials: list[Trial], workdir: str, extra: list[str],
+         pilot: bool = False) -> tuple[int, dict]:
     """Registers and runs the trials, then writes results.csv and the table (also after SIGINT / SIGTERM: then one
     line says so and the exit code is 130 / 143); returns (exit code, each trial's status)."""
-    register(exp, spec, workdir, extra, pilot=exp.design is not None and exp.design.pilot == pilot_lib.PILOT)
+    register(exp, spec, workdir, extra, pilot=pilot)
     statuses, signum = run_sweep(exp, trials, workdir, parallel=_PARALLEL.value, extra=extra,
                                  vmap_seeds=_VMAP_SEEDS.value, status_every=_STATUS_EVERY.value)
     rows = collect(exp, workdir, statuses)
