@@ -2,12 +2,13 @@
 fixed d_k (rows ``B-h<h>``), and 8 query heads sharing 1 or 2 key/value heads (``MQA-h8``, Shazeer 2019;
 ``GQA-h8-kv2``, Ainslie et al. 2023); and the h-versus-D transition of arXiv 2510.06662 (``:sharp*``).
 
-  python -m attn_lab.sweep --experiment experiments/head_count.py:quick --workdir runs/head_count_lm --vmap-seeds
-  python -m attn_lab.sweep --experiment experiments/head_count.py:quick --workdir runs/pilot/hc --pilot  # re-plan
+  python -m attn_lab.sweep --experiment experiments/head_count.py:quick --workdir runs/head_count --pilot-and-verdict \
+      --vmap-seeds --parallel 2  # pilot on seeds 0-4, its plan, then the verdict seeds the plan asks
 
-Presets: ``demo`` (the Quickstart), ``quick`` = ``lm`` (decoder-only LM, nats), ``lm_powered`` / ``lm_mqa`` (one
-finding at the seeds its plan asks), ``sentiment`` (tweet classification, nats of the true class), ``numbers``
-(translation, exact match), ``sharp*`` (D-retrieval), ``full``, ``gpu``. Budgets and every run: docs/head_count.md.
+Presets: ``quick`` = ``bible`` (French -> English verses, test nats; BLEU beside), ``sentiment`` (tweet
+classification, nats of the true class), ``demo`` (the Quickstart), ``lm`` (decoder-only LM), ``lm_powered`` /
+``lm_mqa`` (one finding at the seeds its plan asks), ``numbers`` (synthetic translation, exact match), ``sharp*``
+(D-retrieval), ``full``, ``gpu``. Budgets and every run: docs/head_count.md.
 """
 
 from __future__ import annotations
@@ -81,10 +82,12 @@ LM = Preset("head_count_lm", "configs/bible_lm.py:quick", rows(64, [1, 2, 4, 8, 
             FINDINGS_LM, "A-h8", NATS)
 SHARP_H4_PRESET = Preset("head_count_sharp_h4", "configs/dretrieval.py:sum", sharp_rows([2], (1, 4)), [110, 111, 112],
                          SHARP_H4, "A-h4", READOUT)
+BIBLE = Preset("head_count_bible", "configs/bible.py:small", rows(64, [1, 8, 16], 16, []), Powered(100, 8),
+               FINDINGS_LM, "A-h8", NATS)
 PRESETS = {
     "demo": Preset("head_count_demo", "configs/bible_lm.py:quick", rows(64, [8, 16], 16, [], ("A-h8", "A-h16")),
                    [500, 501, 502], DEMO_FINDING, "A-h8", NATS, overrides=budget(200)),
-    "quick": LM, "lm": LM,
+    "quick": BIBLE, "bible": BIBLE, "lm": LM,
     "lm_powered": LM.replace(name="head_count_lm_powered", arms=rows(64, [1, 8], 16, [], ("A-h1", "A-h8")),
                              seeds=Powered(200), findings={"A-h1": FINDINGS_LM["A-h1"]}, pilot_seeds=range(100, 105)),
     "lm_mqa": LM.replace(name="head_count_lm_mqa", arms=rows(64, [8], 16, [], ("A-h8", "MQA-h8")), seeds=Powered(300),

@@ -1,14 +1,14 @@
-"""Head importance and pruning (Michel et al. 2019): their claims on a decoder-only language model in mean token
-log-likelihood (``quick`` = ``lm``), and on numbers translation with L0 gates as well (Voita et al. 2019;
-``numbers``, ``full``, ``gpu``).
+"""Head importance and pruning (Michel et al. 2019): their claims on French -> English translation (``quick`` =
+``bible``) and tweet classification (``sentiment``), in mean token (or true-class) log-likelihood, on a decoder-only
+LM (``lm``), and on synthetic translation with L0 gates as well (Voita et al. 2019; ``numbers``, ``full``, ``gpu``).
 
-  python -m attn_lab.sweep --experiment experiments/pruning.py:quick --workdir runs/pruning_lm --vmap-seeds
-  python -m attn_lab.sweep --experiment experiments/pruning.py:quick --workdir runs/pilot/pruning_lm --pilot  # re-plan
-  python -m attn_lab.reporting --workdir runs/pruning_lm
+  python -m attn_lab.sweep --experiment experiments/pruning.py:quick --workdir runs/pruning --pilot-and-verdict \
+      --vmap-seeds --parallel 2  # pilot on seeds 0-4, its plan (and comparison point), then the verdict
+  python -m attn_lab.reporting --workdir runs/pruning/verdict
 
 Each preset trains one arm (``baseline``) and runs the head analysis on every seed (``python -m attn_lab.analysis``,
 flags from ``analyze``): single-head and all-but-one masking, pruning curves in four orders, the structural speed-up
-at 50% of heads and (not ``lm``) L0 gates keeping 50% and 25% of heads. The findings compare orders on each seed's
+at 50% of heads and (``numbers``) L0 gates keeping 50% and 25% of heads. The findings compare orders on each seed's
 curves -- every order prunes the same trained model, so they pair by seed -- at the share of heads pruned where the
 mean random curve is at half its unpruned score (for a log-likelihood, which has no zero: midway between its first
 and last values). That point is measured by the pilot (``pilot_measures``) and kept in the plan. Why each budget,
@@ -17,7 +17,7 @@ and every run: docs/pruning.md.
 
 from __future__ import annotations
 
-from attn_lab.experiment import Finding, Metric, Preset
+from attn_lab.experiment import Finding, Metric, Powered, Preset
 from attn_lab.published.michel import MICHEL_PRUNING
 from attn_lab.reporting import pruning_tables as pt
 from attn_lab.reporting.default import verdicts
@@ -46,8 +46,8 @@ BASELINE = {"baseline": {}}  # one trained model per seed; the orders are the co
 # one head per step of the numbers model's 24 (2 of the full model's 48): the comparison point is resolved
 ANALYZE = {"what": ["ablate", "prune", "structural", "gates"], "metric": "exact_match", "max_batches": 2,
            "gate_targets": [0.5, 0.25], "prune_orders": list(pt.ORDERS), "prune_fraction": 0.04}
-LM_ANALYZE = {"what": ["ablate", "prune", "structural"], "metric": "log_likelihood", "prune_fraction": 1 / 16,
-              "max_batches": 4}  # one of the 16 heads per step; no gates
+TEACHER_FORCED = {"what": ["ablate", "prune", "structural"], "metric": "log_likelihood", "max_batches": 4}  # no gates
+SIXTEENTH = {"prune_fraction": 1 / 16}  # one of 16 heads per step
 BIG = {"max_batches": 8, "gate_steps": 2000, "metric": "bleu"}
 BLEU = Metric("bleu", "bleu")
 
@@ -56,10 +56,15 @@ def budget(steps: int) -> dict:
     return {"train.num_steps": steps, "train.eval_every": steps, "train.checkpoint_every": steps}
 
 
+NATS = Metric("log_likelihood", "log_likelihood (nats)")
+BIBLE = Preset("pruning_bible", "configs/bible.py:small", BASELINE, Powered(100, 24), FINDINGS_LM, metric=NATS,
+               analyze=ANALYZE | TEACHER_FORCED | {"prune_fraction": 1 / 24})  # two of the 48 heads per step
 LM = Preset("pruning_lm", "configs/bible_lm.py:quick", BASELINE, range(100, 113), FINDINGS_LM,
-            metric=Metric("log_likelihood", "log_likelihood (nats)"), analyze=ANALYZE | LM_ANALYZE)
+            metric=NATS, analyze=ANALYZE | TEACHER_FORCED | SIXTEENTH)
 PRESETS = {
-    "quick": LM, "lm": LM,
+    "quick": BIBLE, "bible": BIBLE, "lm": LM,
+    "sentiment": BIBLE.replace(name="pruning_sentiment", config="configs/sentiment.py:quick", overrides=budget(600),
+                               analyze=ANALYZE | TEACHER_FORCED | SIXTEENTH),
     "numbers": Preset("pruning_quick", "configs/numbers.py:quick", BASELINE, range(100, 105), FINDINGS,
                       metric=Metric("exact_match", "exact_match"), overrides=budget(200),
                       analyze=ANALYZE | {"gate_steps": 300}),
