@@ -25,11 +25,16 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-__all__ = ["Finding", "Metric", "Powered", "Preset", "fingerprint"]
+__all__ = ["Finding", "Metric", "Powered", "Preset", "budget", "fingerprint"]
 
 Direction = Literal["up", "down", "same", "not_worse"]
 DIRECTIONS = ("up", "down", "same", "not_worse")
 MIN_PAIRS = 3  # the fewest seeds anything is decided on (attn_lab.reporting.plan reads it from here)
+
+
+def budget(steps: int) -> dict[str, int]:
+    """Overrides training ``steps`` steps, evaluated and checkpointed once, at the end (a fixed-budget arm)."""
+    return {"train.num_steps": steps, "train.eval_every": steps, "train.checkpoint_every": steps}
 
 
 def is_number(x: Any) -> bool:

@@ -4,19 +4,19 @@ subspace, position and output terms; a map-cosine hinge) against the baseline.
   python -m attn_lab.sweep --experiment experiments/diversity.py:quick --workdir runs/diversity --pilot-and-verdict \
       --vmap-seeds --parallel 2  # pilot on seeds 0-4, its plan, then the verdict seeds the plan asks
 
-Presets: ``quick`` = ``bible`` (French -> English verses, each term at Li et al.'s lambda = 1, judged in test nats;
-BLEU beside), ``bible_small`` (the same at the ``lm`` weights), ``lm`` (a decoder-only LM, each term at the papers'
-range of weights, judged in nats), ``numbers`` (translation, 150 steps, the Li et al. terms at lambda = 1, exact match), ``full`` (numbers' full
-config), ``gpu`` (the three Li et al. terms on the full bible model). Per arm: quality, the mean pairwise similarity
-of head attention maps (the analysis' diagnose) and how many heads prune (importance order) within 1 BLEU (a point
-of token accuracy) of the unpruned model. Why each weight and budget, and every run: docs/diversity.md.
+Presets: ``quick`` = ``translation`` (French -> English verses, each term at Li et al.'s lambda = 1, judged in
+test nats; BLEU beside), ``translation_small`` (the Li et al. terms at the ``lm`` weights), ``lm`` (a decoder-only
+LM, each term at the papers' range of weights, nats), ``numbers`` (synthetic translation, lambda = 1, exact
+match), ``full``, ``gpu``. Per arm: quality, the mean pairwise similarity of head attention maps (the analysis'
+diagnose) and how many heads prune (importance order) within 1 BLEU (a point of token accuracy) of the unpruned
+model. Every run: docs/diversity.md.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from attn_lab.experiment import Finding, Metric, Powered, Preset
+from attn_lab.experiment import Finding, Metric, Powered, Preset, budget
 from attn_lab.published.li import LI_DIVERSITY, MAP_COSINE_GAIN
 from attn_lab.reporting.default import Column, results_table, verdicts
 from attn_lab.reporting.tables import Table, analyses, column, every_variant, mean_std, unfinished_table
@@ -60,15 +60,15 @@ FINDINGS, FINDINGS_LM = findings(), findings(LM_WEIGHTS)
 ANALYZE = {"what": ["diagnose", "prune"], "metric": "bleu", "max_batches": 2, "prune_fraction": 0.125}
 LM = Preset("diversity_lm", "configs/bible_lm.py:quick", arms(LM_WEIGHTS, LM_WEIGHTS), range(100, 106),
             FINDINGS_LM, "baseline", NATS, analyze=ANALYZE | {"metric": "accuracy"})  # pruning by token accuracy
-BIBLE = Preset("diversity_bible", "configs/bible.py:small", arms(WEIGHTS, WEIGHTS), Powered(100, 8), findings(WEIGHTS),
-               "baseline", NATS, analyze=ANALYZE | {"metric": "accuracy"})
+TRANSLATION = Preset("diversity_translation", "configs/bible.py:small", arms(WEIGHTS, WEIGHTS), Powered(100, 8),
+                     findings(WEIGHTS), "baseline", NATS, analyze=ANALYZE | {"metric": "accuracy"})
 PRESETS = {
-    "quick": BIBLE, "bible": BIBLE, "lm": LM,
-    "bible_small": BIBLE.replace(name="diversity_bible_small", arms=arms(LI, LM_WEIGHTS), findings={
-        n: FINDINGS_LM[n] for n in LI}),
+    "quick": TRANSLATION, "translation": TRANSLATION, "lm": LM,
+    "translation_small": TRANSLATION.replace(name="diversity_translation_small", arms=arms(LI, LM_WEIGHTS),
+                                             findings={n: FINDINGS_LM[n] for n in LI}),
     "numbers": Preset("diversity_quick", "configs/numbers.py:quick", arms([*LI, "map_cosine"], WEIGHTS),
                       range(100, 105), FINDINGS, "baseline", EXACT, analyze=ANALYZE,
-                      overrides={"train.num_steps": 150, "train.eval_every": 150, "train.checkpoint_every": 150}),
+                      overrides=budget(150)),
     "full": Preset("diversity_full", "configs/numbers.py", arms(WEIGHTS, WEIGHTS), range(5), FINDINGS, "baseline",
                    EXACT, analyze=ANALYZE | {"max_batches": 8}),
     "gpu": Preset("diversity_gpu", "configs/bible.py", arms(LI, WEIGHTS), [0, 1, 2], {n: FINDINGS[n] for n in LI},

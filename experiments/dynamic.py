@@ -15,7 +15,7 @@ budget and setting, and every run: docs/dynamic.md.
 
 from __future__ import annotations
 
-from attn_lab.experiment import Finding, Metric, Preset
+from attn_lab.experiment import Finding, Metric, Preset, budget
 from attn_lab.published import adaptive as paper
 from attn_lab.reporting import dynamic_tables as dt
 from attn_lab.reporting.default import verdicts
@@ -41,10 +41,6 @@ CLAMPED = SELF_ONLY["adaptive_span"] | {"model.attention.adaptive_span.clamp": T
                                         "model.attention.adaptive_span.init_span": 0.5}
 LRA = {  # ':gpu': ListOps at 500-2000 tokens
     "model.attention.adaptive_span.max_span": 1024, "model.attention.adaptive_span.ramp": 32.0}
-
-
-def budget(steps: int) -> dict:
-    return {"train.num_steps": steps, "train.eval_every": steps, "train.checkpoint_every": steps}
 
 
 # --- findings: each arm against softmax, with a margin (exact match, accuracy or nats) fixed before any run ------

@@ -5,10 +5,9 @@ fixed d_k (rows ``B-h<h>``), and 8 query heads sharing 1 or 2 key/value heads (`
   python -m attn_lab.sweep --experiment experiments/head_count.py:quick --workdir runs/head_count --pilot-and-verdict \
       --vmap-seeds --parallel 2  # pilot on seeds 0-4, its plan, then the verdict seeds the plan asks
 
-Presets: ``quick`` = ``bible`` (French -> English verses, test nats; BLEU beside), ``sentiment`` (tweet
-classification, nats of the true class), ``demo`` (the Quickstart), ``lm`` (decoder-only LM), ``lm_powered`` /
-``lm_mqa`` (one finding at the seeds its plan asks), ``numbers`` (synthetic translation, exact match), ``sharp*``
-(D-retrieval), ``full``, ``gpu``. Budgets and every run: docs/head_count.md.
+Presets: ``quick`` = ``translation`` (French -> English verses, test nats), ``sentiment`` (tweets, true-class
+nats), ``demo``, ``lm*`` (decoder-only LM), ``numbers``, ``sharp*`` (D-retrieval), ``full``, ``gpu``. Every
+run: docs/head_count.md.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 
-from attn_lab.experiment import Finding, Metric, Powered, Preset
+from attn_lab.experiment import Finding, Metric, Powered, Preset, budget
 from attn_lab.published.vaswani import BEAM, GROUPED_QUERY, MULTI_QUERY, SHARP, TABLE3, vs
 from attn_lab.reporting.default import Column, as_declared, default_columns, metric_column, results_table, verdicts
 from attn_lab.reporting.tables import Table, column, every_variant, unfinished_table
@@ -38,10 +37,6 @@ def sharp_rows(lookups: list[int], heads: tuple[int, ...]) -> dict:
     name = (lambda d, h: f"A-h{h}") if len(lookups) == 1 else (lambda d, h: f"D{d}-h{h}")
     return {name(d, h): {"task.num_lookups": d, "model.num_heads": h, "model.head_dim": 32 // h}
             for d in lookups for h in heads}
-
-
-def budget(steps: int) -> dict:
-    return {"train.num_steps": steps, "train.eval_every": steps, "train.checkpoint_every": steps}
 
 
 # --- findings: margins fixed before any run (why these: docs/head_count.md) --------------------------------------
@@ -82,12 +77,12 @@ LM = Preset("head_count_lm", "configs/bible_lm.py:quick", rows(64, [1, 2, 4, 8, 
             FINDINGS_LM, "A-h8", NATS)
 SHARP_H4_PRESET = Preset("head_count_sharp_h4", "configs/dretrieval.py:sum", sharp_rows([2], (1, 4)), [110, 111, 112],
                          SHARP_H4, "A-h4", READOUT)
-BIBLE = Preset("head_count_bible", "configs/bible.py:small", rows(64, [1, 8, 16], 16, []), Powered(100, 8),
-               FINDINGS_LM, "A-h8", NATS)
+TRANSLATION = Preset("head_count_translation", "configs/bible.py:small", rows(64, [1, 8, 16], 16, []),
+                     Powered(100, 8), FINDINGS_LM, "A-h8", NATS)
 PRESETS = {
     "demo": Preset("head_count_demo", "configs/bible_lm.py:quick", rows(64, [8, 16], 16, [], ("A-h8", "A-h16")),
                    [500, 501, 502], DEMO_FINDING, "A-h8", NATS, overrides=budget(200)),
-    "quick": BIBLE, "bible": BIBLE, "lm": LM,
+    "quick": TRANSLATION, "translation": TRANSLATION, "lm": LM,
     "lm_powered": LM.replace(name="head_count_lm_powered", arms=rows(64, [1, 8], 16, [], ("A-h1", "A-h8")),
                              seeds=Powered(200), findings={"A-h1": FINDINGS_LM["A-h1"]}, pilot_seeds=range(100, 105)),
     "lm_mqa": LM.replace(name="head_count_lm_mqa", arms=rows(64, [8], 16, [], ("A-h8", "MQA-h8")), seeds=Powered(300),

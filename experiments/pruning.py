@@ -1,6 +1,6 @@
 """Head importance and pruning (Michel et al. 2019): their claims on French -> English translation (``quick`` =
-``bible``) and tweet classification (``sentiment``), in mean token (or true-class) log-likelihood, on a decoder-only
-LM (``lm``), and on synthetic translation with L0 gates as well (Voita et al. 2019; ``numbers``, ``full``, ``gpu``).
+``translation``) and tweets (``sentiment``) in mean token (or true-class) log-likelihood, on a decoder-only LM
+(``lm``), and on synthetic translation with L0 gates too (Voita et al. 2019; ``numbers``, ``full``, ``gpu``).
 
   python -m attn_lab.sweep --experiment experiments/pruning.py:quick --workdir runs/pruning --pilot-and-verdict \
       --vmap-seeds --parallel 2  # pilot on seeds 0-4, its plan (and comparison point), then the verdict
@@ -11,13 +11,12 @@ flags from ``analyze``): single-head and all-but-one masking, pruning curves in 
 at 50% of heads and (``numbers``) L0 gates keeping 50% and 25% of heads. The findings compare orders on each seed's
 curves -- every order prunes the same trained model, so they pair by seed -- at the share of heads pruned where the
 mean random curve is at half its unpruned score (for a log-likelihood, which has no zero: midway between its first
-and last values). That point is measured by the pilot (``pilot_measures``) and kept in the plan. Why each budget,
-and every run: docs/pruning.md.
+and last values), measured by the pilot (``pilot_measures``) and kept in the plan. Every run: docs/pruning.md.
 """
 
 from __future__ import annotations
 
-from attn_lab.experiment import Finding, Metric, Powered, Preset
+from attn_lab.experiment import Finding, Metric, Powered, Preset, budget
 from attn_lab.published.michel import MICHEL_PRUNING
 from attn_lab.reporting import pruning_tables as pt
 from attn_lab.reporting.default import verdicts
@@ -52,19 +51,15 @@ BIG = {"max_batches": 8, "gate_steps": 2000, "metric": "bleu"}
 BLEU = Metric("bleu", "bleu")
 
 
-def budget(steps: int) -> dict:
-    return {"train.num_steps": steps, "train.eval_every": steps, "train.checkpoint_every": steps}
-
-
 NATS = Metric("log_likelihood", "log_likelihood (nats)")
-BIBLE = Preset("pruning_bible", "configs/bible.py:small", BASELINE, Powered(100, 24), FINDINGS_LM, metric=NATS,
-               analyze=ANALYZE | TEACHER_FORCED | {"prune_fraction": 1 / 24})  # two of the 48 heads per step
+TRANSLATION = Preset("pruning_translation", "configs/bible.py:small", BASELINE, Powered(100, 24), FINDINGS_LM,
+                     metric=NATS, analyze=ANALYZE | TEACHER_FORCED | {"prune_fraction": 1 / 24})  # 2 of 48 heads
 LM = Preset("pruning_lm", "configs/bible_lm.py:quick", BASELINE, range(100, 113), FINDINGS_LM,
             metric=NATS, analyze=ANALYZE | TEACHER_FORCED | SIXTEENTH)
 PRESETS = {
-    "quick": BIBLE, "bible": BIBLE, "lm": LM,
-    "sentiment": BIBLE.replace(name="pruning_sentiment", config="configs/sentiment.py:quick", overrides=budget(600),
-                               analyze=ANALYZE | TEACHER_FORCED | SIXTEENTH),
+    "quick": TRANSLATION, "translation": TRANSLATION, "lm": LM,
+    "sentiment": TRANSLATION.replace(name="pruning_sentiment", config="configs/sentiment.py:quick",
+                                     overrides=budget(600), analyze=ANALYZE | TEACHER_FORCED | SIXTEENTH),
     "numbers": Preset("pruning_quick", "configs/numbers.py:quick", BASELINE, range(100, 105), FINDINGS,
                       metric=Metric("exact_match", "exact_match"), overrides=budget(200),
                       analyze=ANALYZE | {"gate_steps": 300}),

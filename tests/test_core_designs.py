@@ -1,0 +1,77 @@
+"""The core tables on the papers' tasks (issue 59): head count, pruning and diversity judge French -> English
+translation in their ``quick`` presets, head count and pruning have a tweet-classification preset, every one of
+them has a plan its pilot wrote, and each task kind runs end to end (train, analysis, verdict table) at a tiny
+size through the real preset."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attn_lab.experiment import Powered, fingerprint
+from attn_lab.sweep.spec import load_experiment
+from attn_lab.train.config import load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRANSLATION = ["experiments/head_count.py:quick", "experiments/pruning.py:quick", "experiments/diversity.py:quick"]
+CLASSIFICATION = ["experiments/head_count.py:sentiment", "experiments/pruning.py:sentiment"]
+
+
+def _task(spec: str) -> str:
+    exp = load_experiment(spec)
+    return load_config(os.path.join(ROOT, exp.preset.config)).task.name
+
+
+@pytest.mark.parametrize("spec", TRANSLATION + CLASSIFICATION)
+def test_each_core_design_is_on_a_real_language_task_judged_in_nats_with_a_current_plan(spec):
+    exp = load_experiment(os.path.join(ROOT, spec))
+    assert _task(os.path.join(ROOT, spec)) == ("bible" if spec in TRANSLATION else "sentiment")
+    assert exp.preset.metric.key in ("test_loss", "log_likelihood")  # nats: the quantity that pairs tightly
+    assert exp.preset.metric.sign == (-1.0 if exp.preset.metric.key == "test_loss" else 1.0)
+    assert exp.plan is not None and exp.plan_problem is None, spec  # the pilot command wrote it, for this design
+    assert exp.plan["experiment_hash"] == fingerprint(exp.preset) and exp.plan["pilot"]["commit"]
+    assert not set(exp.seeds) & set(exp.plan["pilot"]["seeds"])  # verdict seeds are never the pilot's
+    assert set(exp.plan["findings"]) == set(exp.preset.findings)
+
+
+def test_the_language_model_and_numbers_designs_stay_under_their_own_names():
+    for table in ("head_count", "pruning", "diversity"):
+        assert _task(os.path.join(ROOT, f"experiments/{table}.py:lm")) == "bible_lm"
+        assert _task(os.path.join(ROOT, f"experiments/{table}.py:numbers")) == "numbers"
+    quick = load_experiment(os.path.join(ROOT, "experiments/head_count.py:quick")).preset
+    assert isinstance(quick.seeds, Powered) and quick.baseline == "A-h8"
+    assert {"A-h1", "A-h16", "MQA-h8", "GQA-h8-kv2"} <= set(quick.findings)  # Table 3 rows A, MQA and GQA
+
+
+TINY = {  # a few verses and steps: the preset's own arms, analysis and report at the smallest size
+    "bible": ["--config.task.books=33,57,31", "--config.task.vocab_size=300"],
+    "sentiment": ["--config.task.limit=500", "--config.task.vocab_size=400"],
+}
+COMMON = ["--config.train.num_steps=4", "--config.train.eval_every=4", "--config.train.checkpoint_every=4",
+          "--config.train.batch_size=8", "--config.train.log_every=2", "--config.train.max_eval_batches=1",
+          "--config.wandb.mode=disabled"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec,task", [("experiments/head_count.py:quick", "bible"),
+                                       ("experiments/pruning.py:sentiment", "sentiment")])
+def test_a_core_design_runs_end_to_end_on_its_task_at_a_tiny_size(tmp_path, spec, task):
+    """Translation (five arms, BLEU beside the nats) and classification (one arm, then the head analysis and the
+    orders' comparison), each through its real preset, three verdict seeds: every trial finishes and the verdict
+    table is printed."""
+    work = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "attn_lab.sweep", "--experiment", spec, "--workdir", str(work), "--vmap-seeds",
+           "--seeds", "100,101,102", f"--config.task.data_dir={tmp_path / 'data'}",
+           f"--config.compile_cache={tmp_path / 'cache'}", *TINY[task], *COMMON]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    exp = load_experiment(os.path.join(ROOT, spec))
+    results = [json.load(open(os.path.join(work, d, "results.json"))) for d in os.listdir(work) if "seed=" in d]
+    assert len(results) == 3 * len(exp.variants)
+    assert all(r["test_loss"] > 0 for r in results) and (task != "bible" or all("test_bleu" in r for r in results))
+    if exp.preset.analyze:
+        assert all(os.path.exists(os.path.join(work, d, "analysis", "prune.json")) for d in os.listdir(work)
+                   if "seed=" in d)
+    assert "### Verdicts" in done.stdout
