@@ -106,16 +106,17 @@ def _prunable(sweep_dir: str, group: list[dict]) -> str:
 
 
 def report(rows, sweep_dir, exp, out_dir, bench=None) -> list[Table]:
-    """Li et al. style: each regularizer vs the baseline -- quality (test perplexity for a language model, else BLEU
-    and exact match), head similarity, robustness to pruning (the share of heads prunable within PRUNE_WITHIN, and
-    the metric after the first pruning step, both in importance order); then the verdicts."""
+    """Li et al. style: each regularizer vs the baseline -- quality (test perplexity where judged in nats, BLEU and
+    exact match for translation), head similarity, robustness to pruning (the share of heads prunable within
+    PRUNE_WITHIN, and the metric after the first pruning step, both in importance order); then the verdicts."""
     lm = bool(rows) and not any("test_exact_match" in r for r in rows)
     first = next((p[0]["importance"][1]["percent"] for _, g, _ in every_variant(rows)
                   if (p := analyses(sweep_dir, g, "prune"))), None)
     score = "test_bleu" if any("test_bleu" in r for r in rows) else "test_accuracy"
-    quality = [Column("test perplexity", lambda a, g: mean_std([float(np.exp(v)) for v in column(g, "test_loss")], 3)),
-               Column("token accuracy", lambda a, g: mean_std(column(g, "test_accuracy"), 3))] if lm else \
-        [Column("BLEU / accuracy", lambda a, g: mean_std(column(g, score), 3)),
+    ppl = Column("test perplexity", lambda a, g: mean_std([float(np.exp(v)) for v in column(g, "test_loss")], 3))
+    quality = [ppl, Column("token accuracy", lambda a, g: mean_std(column(g, "test_accuracy"), 3))] if lm else \
+        [*([ppl] if getattr(exp.preset, "metric", None) == NATS else []),  # judged in nats: BLEU beside
+         Column("BLEU / accuracy", lambda a, g: mean_std(column(g, score), 3)),
          Column("exact match", lambda a, g: mean_std(column(g, "test_exact_match"), 3))]
     columns = [*quality, Column("mean head map similarity", lambda a, g: _similarity(sweep_dir, g)),
                Column(f"% heads prunable within {within(lm)}", lambda a, g: _prunable(sweep_dir, g)),
