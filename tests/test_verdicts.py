@@ -111,8 +111,23 @@ def test_powered_seeds_give_every_finding_its_chance():
     seeds = design.powered_seeds(first=100)
     assert seeds[0] == 100 and seeds == list(range(100, 100 + len(seeds)))
     assert all(p["chance"] >= 0.8 and p["confirmatory"] for p in design.plan(len(seeds)).values())  # both in
-    with pytest.raises(ValueError, match="needs a pilot effect and sd"):
+    with pytest.raises(ValueError, match="no finding has a pilot effect and sd"):
         Design({"a": UP}, {"a": None}).powered_seeds()
+
+
+def test_a_finding_no_seed_count_powers_stays_exploratory_and_the_others_are_powered_as_their_own_family():
+    """A pilot effect far inside its noise needs more than plan.MAX_SEEDS seeds: it is left out of the family the
+    seeds are counted for (Holm's floor over the one finding left), stays exploratory, and a preset whose findings
+    are all like it takes its cap (``Powered``), each finding exploratory."""
+    design = Design({"a": UP, "flat": UP}, {"a": 0.01, "flat": 0.05}, "pilot", (0, 1, 2, 3, 4),
+                    effect={"a": 0.03, "flat": 0.0})
+    alone = Design({"a": UP}, {"a": 0.01}, "pilot", (0, 1, 2, 3, 4), effect={"a": 0.03})
+    seeds = design.powered_seeds(first=100)
+    assert seeds == alone.powered_seeds(first=100)  # counted with Holm's floor over 'a' alone
+    plan = design.plan(len(seeds))
+    assert plan["a"]["chance"] >= 0.8 and not plan["flat"]["confirmatory"] and plan["flat"]["seeds_needed"] is None
+    with pytest.raises(ValueError, match="no finding has a pilot effect and sd"):
+        Design({"flat": UP}, {"flat": 0.05}, "pilot", (0, 1, 2, 3, 4), effect={"flat": 0.0}).powered_seeds()
 
 
 def test_judge_holm_over_the_planned_family_and_exploratory_rows_for_the_rest():

@@ -144,18 +144,26 @@ class Design:
 
     def powered_seeds(self, first: int = 100) -> list[int]:
         """The seeds (``first``, ``first + 1``, ...) that give every finding with a pilot a chance of a verdict of
-        at least 0.8 with all of them in the family: the most any of them needs. For presets meant for an
-        accelerator, where a vectorized seed costs almost nothing."""
-        known = [k for k, f in self.findings.items() if self.effect.get(k) is not None and self.sd.get(k) is not None
-                 and not f.exploratory and len(self.pilot_seeds) >= 2]
-        floor = (1 - self.level) / 2 / max(len(known), 1)  # every finding in the family: Holm's first step
-        needed = [plan_lib.seeds_needed(self.findings[k].direction, self.findings[k].margin, self.effect[k],
-                                        stats.sd_upper(self.sd[k], len(self.pilot_seeds), plan_lib.SD_CONFIDENCE),
-                                        floor) for k in known]
-        if not needed or None in needed:
-            raise ValueError("Design.powered_seeds: every finding needs a pilot effect and sd, and a seed count of at "
-                             f"most {plan_lib.MAX_SEEDS}")
-        return list(range(first, first + max(needed)))
+        at least 0.8 with all of them in the family: the most any of them needs. A finding that no count up to
+        ``plan.MAX_SEEDS`` gives that chance (an effect far inside its noise) is left out of the family it is
+        planned for, and stays exploratory at these seeds. For presets meant for an accelerator, where a vectorized
+        seed costs almost nothing."""
+        family = [k for k, f in self.findings.items() if self.effect.get(k) is not None and self.sd.get(k) is not None
+                  and not f.exploratory and len(self.pilot_seeds) >= 2]
+        needed = self._seeds_needed(family)
+        if None in needed.values():  # plan the findings that can be powered as a family of their own
+            needed = self._seeds_needed([k for k, n in needed.items() if n is not None])
+        if not needed or None in needed.values():
+            raise ValueError("Design.powered_seeds: no finding has a pilot effect and sd that a seed count of at "
+                             f"most {plan_lib.MAX_SEEDS} gives a chance of a verdict of 0.8")
+        return list(range(first, first + max(needed.values())))
+
+    def _seeds_needed(self, family: list[str]) -> dict[str, int | None]:
+        """Per finding of ``family``, the seeds for a 0.8 chance at Holm's first step over that family."""
+        floor = (1 - self.level) / 2 / max(len(family), 1)
+        return {k: plan_lib.seeds_needed(self.findings[k].direction, self.findings[k].margin, self.effect[k],
+                                         stats.sd_upper(self.sd[k], len(self.pilot_seeds), plan_lib.SD_CONFIDENCE),
+                                         floor) for k in family}
 
     def record(self) -> dict[str, Any]:
         """The design as JSON (what ``sweep.json`` keeps)."""

@@ -353,7 +353,10 @@ def _declared(path: str, module: Any, name: str) -> tuple[dict[str, Any], Any, d
             problem = problem or (f"{path}:{name} takes as many seeds as its plan needs, and {path_of_plan} does not "
                                   f"exist; pilot it first: {plans.pilot_command(f'{path}:{name}')}")
         else:
-            seeds = design.powered_seeds(first)[:cap]
+            try:
+                seeds = design.powered_seeds(first)[:cap]
+            except ValueError:  # no finding can be powered: each is exploratory, the cap decides (as --max-seeds)
+                seeds = list(range(first, first + cap))
     for key in [*preset.findings, *([preset.baseline] if preset.baseline else [])]:
         if getattr(module, "differences", None) is None and key not in preset.arms:
             raise ValueError(f"{path}:{name}: finding or baseline '{key}' is not an arm; arms: "
