@@ -11,8 +11,7 @@ import sys
 import pytest
 
 from attn_lab.experiment import Powered, fingerprint
-from attn_lab.sweep.spec import load_experiment
-from attn_lab.train.config import load_config
+from attn_lab.sweep.spec import load_config_file, load_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRANSLATION = ["experiments/head_count.py:quick", "experiments/pruning.py:quick", "experiments/diversity.py:quick"]
@@ -20,8 +19,7 @@ CLASSIFICATION = ["experiments/head_count.py:sentiment", "experiments/pruning.py
 
 
 def _task(spec: str) -> str:
-    exp = load_experiment(spec)
-    return load_config(os.path.join(ROOT, exp.preset.config)).task.name
+    return load_config_file(load_experiment(spec).config).task.name
 
 
 @pytest.mark.parametrize("spec", TRANSLATION + CLASSIFICATION)
@@ -40,9 +38,10 @@ def test_the_language_model_and_numbers_designs_stay_under_their_own_names():
     for table in ("head_count", "pruning", "diversity"):
         assert _task(os.path.join(ROOT, f"experiments/{table}.py:lm")) == "bible_lm"
         assert _task(os.path.join(ROOT, f"experiments/{table}.py:numbers")) == "numbers"
-    quick = load_experiment(os.path.join(ROOT, "experiments/head_count.py:quick")).preset
-    assert isinstance(quick.seeds, Powered) and quick.baseline == "A-h8"
-    assert {"A-h1", "A-h16", "MQA-h8", "GQA-h8-kv2"} <= set(quick.findings)  # Table 3 rows A, MQA and GQA
+    quick, kv = (load_experiment(os.path.join(ROOT, f"experiments/head_count.py:{p}")).preset
+                 for p in ("quick", "translation_kv"))
+    assert isinstance(quick.seeds, Powered) and quick.baseline == kv.baseline == "A-h8" and quick.config == kv.config
+    assert set(quick.findings) == {"A-h1", "A-h16"} and set(kv.findings) == {"MQA-h8", "GQA-h8-kv2"}  # Table 3 A
 
 
 TINY = {  # a few verses and steps: the preset's own arms, analysis and report at the smallest size
@@ -75,3 +74,26 @@ def test_a_core_design_runs_end_to_end_on_its_task_at_a_tiny_size(tmp_path, spec
         assert all(os.path.exists(os.path.join(work, d, "analysis", "prune.json")) for d in os.listdir(work)
                    if "seed=" in d)
     assert "### Verdicts" in done.stdout
+
+
+def test_metric_spread_pairs_each_arm_with_the_baseline_by_seed(tmp_path):
+    """scripts/metric_spread.py, how a design's deciding metric is picked from its pilot: the mean and sd of the
+    per-seed differences, against numpy's, over the seeds both arms finished (a failed trial does not pair)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    base, other = rng.normal(5, 0.3, 5), rng.normal(5, 0.3, 5)
+    lines = ["variant,seed,trial,status,test_loss,test_bleu,test_accuracy_count"]
+    lines += [f"A-h8,{s},t,ok,{base[s]},{2 * base[s]},128" for s in range(5)]
+    lines += [f"A-h1,{s},t,{'failed' if s == 4 else 'ok'},{other[s]},{3 * other[s]},128" for s in range(5)]
+    (tmp_path / "results.csv").write_text("\n".join(lines) + "\n")
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "metric_spread.py"), "--workdir",
+                           str(tmp_path), "--baseline", "A-h8"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    diffs = other[:4] - base[:4]
+    row = next(line for line in done.stdout.splitlines() if "| test_loss |" in line).split("|")
+    assert int(row[3]) == 4 and float(row[4]) == pytest.approx(diffs.mean(), abs=1e-4)
+    assert float(row[5]) == pytest.approx(diffs.std(ddof=1), abs=1e-4) and "count" not in done.stdout
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "metric_spread.py"), "--workdir",
+                          str(tmp_path), "--baseline", "A-h2"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.strip().endswith("arms: A-h1, A-h8") and "Traceback" not in bad.stderr
