@@ -67,9 +67,10 @@ def test_a_core_design_runs_end_to_end_on_its_task_at_a_tiny_size(tmp_path, spec
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     exp = load_experiment(os.path.join(ROOT, spec))
-    results = [json.load(open(os.path.join(work, d, "results.json"))) for d in os.listdir(work) if "seed=" in d]
-    assert len(results) == 3 * len(exp.variants)
-    assert all(r["test_loss"] > 0 for r in results) and (task != "bible" or all("test_bleu" in r for r in results))
+    tests = [json.load(open(os.path.join(work, d, "results.json")))["final"]["test"] for d in os.listdir(work)
+             if "seed=" in d]
+    assert len(tests) == 3 * len(exp.variants)
+    assert all(t["loss"] > 0 for t in tests) and (task != "bible" or all("bleu" in t for t in tests))
     if exp.preset.analyze:
         assert all(os.path.exists(os.path.join(work, d, "analysis", "prune.json")) for d in os.listdir(work)
                    if "seed=" in d)
