@@ -138,7 +138,7 @@ def test_diversity_lm_report_shows_perplexity_and_judges_minus_the_test_loss(tmp
     from attn_lab.sweep.spec import load_experiment
 
     div = MODULES["diversity"]
-    assert div.PRESETS["quick"] is div.PRESETS["lm"] and div.PRESETS["lm"].metric.key == "test_loss"
+    assert div.PRESETS["quick"] is div.PRESETS["translation"] and div.PRESETS["lm"].metric.key == "test_loss"
     variants = {k: v for k, v in div.PRESETS["lm"].arms.items() if k in ("baseline", "output")}
     rows = [{"variant": v, "seed": s, "trial": f"variant={v},seed={s}", "status": "ok", "num_params": 1000,
              "test_loss": 5.0 - (0.05 + 0.002 * (s == 1) if v == "output" else 0.0) + 0.01 * s,
@@ -153,6 +153,23 @@ def test_diversity_lm_report_shows_perplexity_and_judges_minus_the_test_loss(tmp
     output = {row[0]: row for row in verdicts.rows}[div.FINDINGS_LM["output"].claim]
     assert output[3].startswith("+0.051 [") and output[-1] == "reproduced" and "minus the test loss" in verdicts.note
     assert variants["output"] == {"loss.diversity.output.weight": 0.1}  # the papers' range, not 1.0
+
+
+def test_diversity_translation_report_shows_perplexity_beside_bleu_where_judged_in_nats(tmp_path):
+    """The translation preset is judged in test nats: its table shows exp(test loss) beside BLEU and exact match (the
+    numbers preset, judged in exact match, does not: its loss is label-smoothed)."""
+    from attn_lab.sweep.spec import load_config_file, load_experiment
+
+    div = MODULES["diversity"]
+    variants = {k: v for k, v in div.PRESETS["translation"].arms.items() if k in ("baseline", "output")}
+    rows = [{**r, "test_loss": 4.7 + 0.01 * r["seed"]} for r in _rows(list(variants))]
+    for spec, shown in (("translation", True), ("numbers", False)):
+        exp = dataclasses.replace(load_experiment(os.path.join(ROOT, "experiments", f"diversity.py:{spec}")),
+                                  variants=variants, seeds=[0, 1, 2])
+        md = REPORTS["diversity"](rows, str(tmp_path), exp, str(tmp_path))[0].markdown()
+        assert ("test perplexity" in md) == shown and "BLEU / accuracy" in md and "exact match" in md, spec
+        assert not shown or f"{np.mean([math.exp(4.7), math.exp(4.71), math.exp(4.72)]):.3f}" in md
+    assert load_config_file(os.path.join(ROOT, "configs", "bible.py:small")).train.label_smoothing == 0.0
 
 
 def test_gqa_report_says_how_each_row_was_trained_and_judges_minus_the_test_loss_against_eight_heads(tmp_path):
