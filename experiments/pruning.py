@@ -52,7 +52,7 @@ BLEU = Metric("bleu", "bleu")
 
 
 NATS = Metric("log_likelihood", "log_likelihood (nats)")
-TRANSLATION = Preset("pruning_translation", "configs/bible.py:small", BASELINE, Powered(100, 8), FINDINGS_LM,
+TRANSLATION = Preset("pruning_translation", "configs/bible.py:small", BASELINE, Powered(100, 9), FINDINGS_LM,
                      metric=NATS, analyze=ANALYZE | TEACHER_FORCED | {"prune_fraction": 1 / 24})  # 2 of 48 heads
 LM = Preset("pruning_lm", "configs/bible_lm.py:quick", BASELINE, range(100, 113), FINDINGS_LM,
             metric=NATS, analyze=ANALYZE | TEACHER_FORCED | SIXTEENTH)
