@@ -99,7 +99,7 @@ PRESETS = {
     "sharp_curve": Preset("head_count_sharp_sum_curve", "configs/dretrieval.py:sum",
                           sharp_rows([2, 3], (1, 2, 4, 8)), [200, 201], metric=READOUT),
     "sentiment": Preset("head_count_sentiment", "configs/sentiment.py:quick", rows(64, [1, 8], 16, [], (
-        "A-h1", "A-h8")), Powered(100, 8), {"A-h1": FINDINGS_LM["A-h1"]}, "A-h8", CLASS, overrides=budget(600)),
+        "A-h1", "A-h8")), Powered(100, 14), {"A-h1": FINDINGS_LM["A-h1"]}, "A-h8", CLASS, overrides=budget(600)),
     "full": Preset("head_count_full", "configs/numbers.py", rows(128, [1, 2, 4, 8, 16, 32], 32, [1, 2, 8, 16]),
                    range(5), FINDINGS, "A-h8", EXACT, overrides=BEAM),
     "gpu": Preset("head_count_gpu", "configs/bible.py", rows(256, [1, 4, 8, 16], 64, [], ("A-h1", "A-h4", "A-h8",
