@@ -317,6 +317,7 @@ def test_trials_run_the_package_entry_point_not_a_script_path(tmp_path):
 
 
 QUICK = ["head_count", "pruning", "diversity", "dynamic", "variants", "recall", "gqa"]
+NOT_PILOTED = {"diversity": "lm"}  # a quick preset not piloted yet (docs/diversity.md): its last decided design instead
 
 
 @pytest.mark.slow
@@ -326,6 +327,11 @@ def test_every_quick_preset_declares_a_design_on_seeds_its_pilot_did_not_use_and
     confirmatory family, before anything runs."""
     for name in QUICK:
         path = os.path.join(ROOT, "experiments", f"{name}.py:quick")
+        if name in NOT_PILOTED:  # its dry run says so in one line, with the command that pilots it
+            proc = subprocess.run([sys.executable, SWEEP, "--experiment", path, "--workdir", "unused", "--dry-run"],
+                                  capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 1 and "pilot it first: python -m attn_lab.sweep" in proc.stderr, name
+            path = os.path.join(ROOT, "experiments", f"{name}.py:{NOT_PILOTED[name]}")
         exp = load_experiment(path)
         assert exp.design is not None and exp.design.findings, name
         assert not set(exp.seeds) & set(exp.design.pilot_seeds), name
