@@ -78,7 +78,7 @@ LM = Preset("head_count_lm", "configs/bible_lm.py:quick", rows(64, [1, 2, 4, 8, 
 SHARP_H4_PRESET = Preset("head_count_sharp_h4", "configs/dretrieval.py:sum", sharp_rows([2], (1, 4)), [110, 111, 112],
                          SHARP_H4, "A-h4", READOUT)
 TRANSLATION = Preset("head_count_translation", "configs/bible.py:small", rows(64, [1, 8, 16], 16, [], (
-    "A-h1", "A-h8", "A-h16")), Powered(100, 7), {k: FINDINGS_LM[k] for k in ("A-h1", "A-h16")}, "A-h8", NATS)
+    "A-h1", "A-h8", "A-h16")), Powered(100, 8), {k: FINDINGS_LM[k] for k in ("A-h1", "A-h16")}, "A-h8", NATS)
 PRESETS = {
     "demo": Preset("head_count_demo", "configs/bible_lm.py:quick", rows(64, [8, 16], 16, [], ("A-h8", "A-h16")),
                    [500, 501, 502], DEMO_FINDING, "A-h8", NATS, overrides=budget(200)),

@@ -17,6 +17,8 @@ import os
 import sys
 from collections import defaultdict
 
+from attn_lab.reporting.stats import differences
+
 
 def spreads(rows: list[dict[str, str]], baseline: str) -> list[tuple[str, str, int, float, float]]:
     """``(arm, metric, pairs, mean difference, paired sd)`` per arm and test metric, arm minus baseline by seed."""
@@ -28,13 +30,9 @@ def spreads(rows: list[dict[str, str]], baseline: str) -> list[tuple[str, str, i
                 by[(row["variant"], key)][row["seed"]] = float(value)
     out = []
     for (arm, metric), values in sorted(by.items()):
-        base = by.get((baseline, metric), {})
-        diffs = [values[s] - base[s] for s in sorted(set(values) & set(base))]
-        if arm == baseline or len(diffs) < 2:
-            continue
-        mean = sum(diffs) / len(diffs)
-        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
-        out.append((arm, metric, len(diffs), mean, sd))
+        diffs = differences(by.get((baseline, metric), {}), values)  # paired by seed, as every verdict is
+        if arm != baseline and len(diffs) >= 2:
+            out.append((arm, metric, len(diffs), float(diffs.mean()), float(diffs.std(ddof=1))))
     return out
 
 
