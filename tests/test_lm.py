@@ -131,6 +131,31 @@ def test_an_empty_prompt_or_one_past_the_model_s_positions_is_refused_before_com
     assert compile_generate(graphdef, 2)(state, _tokens(1, (B, limit - 2)), key).shape == (B, limit)
 
 
+@pytest.mark.parametrize("prompt, line", [
+    (np.full((B, 3), V + 24, np.int32), f"prompt token id {V + 24} is outside the model's vocabulary: ids must be "
+                                        f"0..{V - 1}"),
+    (np.array([[1, V, 2]], np.int32), f"prompt token id {V} is outside the model's vocabulary: ids must be 0..{V - 1}"),
+    (np.array([[1, -3, 2]], np.int32), f"prompt token id -3 is outside the model's vocabulary: ids must be 0..{V - 1}"),
+    (np.array([1, 2, 3], np.int32), "prompt must be token ids of shape [batch, tokens], got shape (3,): use "
+                                    "prompt[None] for one sequence"),
+    (np.ones((1, 2, 3), np.int32), "prompt must be token ids of shape [batch, tokens], got shape (1, 2, 3)"),
+    ([[1, 2]], "prompt must be token ids of shape [batch, tokens], got shape None"),
+    (np.ones((B, 3), np.float32), "prompt must hold integer token ids, got dtype float32"),
+])
+def test_a_prompt_of_ids_outside_the_vocabulary_or_not_batch_by_tokens_is_one_line(prompt, line):
+    """The embedding gather clamps an id past the table and wraps a negative one, so such a prompt would continue
+    garbage without a word; a 1-D prompt would fail on unpacking its shape. Each is one line naming the prompt, and
+    the largest valid id still generates (cached and uncached)."""
+    graphdef, state = _state(_lm())
+    key = jax.random.key(0)
+    for cached in (True, False):
+        with pytest.raises(ValueError) as info:
+            compile_generate(graphdef, 2, cached=cached)(state, prompt, key)
+        assert str(info.value) == line
+        edge = jnp.asarray([[0, V - 1]] * B, jnp.int32)
+        assert compile_generate(graphdef, 2, cached=cached)(state, edge, key).shape == (B, 4)
+
+
 def test_structural_pruning_of_an_lm_equals_masking():
     model, tokens = _lm(num_kv_heads=None), _tokens(3)  # keep_heads needs a key/value head per query head
     masks = {"decoder_self": np.array([[1, 0, 1, 1], [0, 0, 1, 0]], np.float32)}

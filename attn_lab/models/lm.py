@@ -44,6 +44,11 @@ class LanguageModel(nnx.Module):
         """How many positions the model has (its position table's length): generation stops short of it."""
         return self.decoder.max_len
 
+    @property
+    def vocab_size(self) -> int:
+        """How many token ids the embedding holds: a prompt id at or past it has no embedding row."""
+        return self.decoder.embed.num_embeddings
+
     @staticmethod
     def layout(cfg: Any, inputs: int, targets: int | None) -> dict[str, tuple[int, int]]:
         """(layers, longest keys): the stack sees the whole padded sequence."""

@@ -74,6 +74,22 @@ def generate_uncached(state: dict, prompt: jax.Array, key: jax.Array, *, graphde
     return jax.lax.fori_loop(prompt_len, prompt_len + new_tokens, body, tokens)
 
 
+def check_prompt(prompt: Any, vocab_size: int | None) -> None:
+    """One-line ValueErrors for a prompt that is not ``[batch, tokens]`` integer ids of the model's vocabulary (an id
+    past the embedding table is clamped by the gather and a negative one wraps: either would continue garbage)."""
+    shape, dtype = getattr(prompt, "shape", None), getattr(prompt, "dtype", None)
+    if shape is None or len(shape) != 2:
+        raise ValueError(f"prompt must be token ids of shape [batch, tokens], got shape {shape}"
+                         + (": use prompt[None] for one sequence" if shape is not None and len(shape) == 1 else ""))
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"prompt must hold integer token ids, got dtype {dtype}")
+    if vocab_size is not None and prompt.size:
+        low, high = int(jnp.min(prompt)), int(jnp.max(prompt))
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"prompt token id {bad} is outside the model's vocabulary: ids must be 0..{vocab_size - 1}")
+
+
 def check_request(prompt_len: int, new_tokens: int, max_positions: int | None) -> None:
     """One-line ValueErrors, before anything compiles, for a prompt the model cannot continue: an empty prompt (the
     loop would feed the pad id as the first token) or one whose continuation passes the model's positions (their
@@ -101,12 +117,14 @@ def compile_generate(graphdef: Any, new_tokens: int, *, cached: bool = True, tem
     run = jax.jit(functools.partial(fn, graphdef=graphdef, new_tokens=new_tokens, temperature=temperature,
                                     top_k=top_k))
 
-    limit: list[int | None] = []  # the graph's positions (static): read once, from the first state
+    limits: list[tuple] = []  # the graph's (positions, vocabulary) (static): read once, from the first state
 
     def check(state: dict, prompt: jax.Array) -> None:
-        if not limit:
-            limit.append(getattr(merge(graphdef, state), "max_positions", None))
-        check_request(prompt.shape[-1], new_tokens, limit[0])
+        if not limits:
+            model = merge(graphdef, state)
+            limits.append((getattr(model, "max_positions", None), getattr(model, "vocab_size", None)))
+        check_prompt(prompt, limits[0][1])
+        check_request(prompt.shape[-1], new_tokens, limits[0][0])
 
     def checked(state: dict, prompt: jax.Array, key: jax.Array) -> jax.Array:
         check(state, prompt)
