@@ -277,6 +277,8 @@ def test_bad_sweep_command_lines_are_one_line_and_write_nothing(tmp_path):
         (["--experiment", good, "--workdir", new, "--parallel", "x"], "--parallel=x: expected an integer"),
         (["--experiment", good, "--workdir", new, "--parallel", "0"], "--parallel=0: 0 is not a positive integer"),
         (["--experiment", good, "--workdir", new, "--seeds", "0,x"], "--seeds=0,x: give comma-separated integers"),
+        (["--experiment", good, "--workdir", new, "--status-every", "99999999999999"],  # its thread's wait overflowed
+         "--status-every=99999999999999: 99999999999999 is not an integer in the range [0, 86400]"),
         (["--experiment", good, "--workdir", new, "--bogus"], "unknown flag --bogus"),
         (["--experiment", noname, "--workdir", new], "experiment key 'name' is missing"),
         (["--experiment", good, "--workdir", str(runs)], "num_heads=2,seed=0/results.json cannot be read"),

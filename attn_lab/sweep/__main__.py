@@ -61,7 +61,8 @@ _PARALLEL = flags.DEFINE_integer("parallel", 1, "Trial processes at once.", lowe
 _SHARD = flags.DEFINE_string("shard", "0/1", "I/N: run every N-th trial starting at I (scheduler arrays).")
 _SEEDS = DEFINE_integer_list("seeds", None, "Comma-separated seeds replacing the experiment's.")
 _STATUS_EVERY = flags.DEFINE_integer("status-every", 60, "Seconds between the status lines of the running trials "
-                                     "(step, loss, steps/s); 0: none.", lower_bound=0)
+                                     "(step, loss, steps/s); 0: none; at most a day.", lower_bound=0,
+                                     upper_bound=86400)
 _TABLES = flags.DEFINE_bool("tables", True, "At the end, write and print the experiment's tables (mean +- sd over "
                             "seeds; its verdicts where it has a design), as make_tables does.")
 _VMAP_SEEDS = flags.DEFINE_bool("vmap-seeds", False, "Train the seeds of each trial in one process (jax.vmap).")
