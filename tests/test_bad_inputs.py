@@ -115,6 +115,14 @@ BAD_VALUES = [
     ("listops", {"model.attention.name": "longformer", "model.attention.longformer.implementation": "triton"},
      "model.attention.longformer: attention.implementation must be one of ('auto', 'xla', 'fused', "
      "'fused_interpret'), got 'triton'"),
+    # an integer kernel option past int32 overflowed inside jit: refused for every kernel, by the registry
+    ("listops", {"model.attention.name": "adaptive_span", "model.attention.adaptive_span.max_span": 2 ** 31},
+     "model.attention.max_span=2147483648: out of range for attention 'adaptive_span'; an integer option must lie "
+     "in [-2**31, 2**31) (it reaches jit as an int32)"),
+    ("listops", {"model.attention.name": "local", "model.attention.local.window": 2 ** 40},
+     "model.attention.window=1099511627776: out of range for attention 'local'"),
+    ("listops", {"model.attention.name": "performer", "model.attention.performer.num_features": -2 ** 31 - 1},
+     "model.attention.num_features=-2147483649: out of range for attention 'performer'"),
     *([] if jax.default_backend() == "gpu" else [  # an explicit fused kernel where it cannot compile
         ("listops", {"model.attention.name": "strided", "model.attention.strided.implementation": "fused"},
          "model.attention.strided: attention.implementation='fused' cannot run here: backend cpu (the fused kernel "

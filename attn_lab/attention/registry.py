@@ -135,6 +135,7 @@ def default_options(name: str) -> dict[str, Any]:
 
 
 SCALARS = (bool, int, float, str)
+INT32 = 2 ** 31  # an integer option passes to jit as int32 (x64 off): a value outside [-INT32, INT32) overflows
 
 
 def option_type(name: str, option: str) -> type:
@@ -165,6 +166,10 @@ def validate_spec(spec: str | Mapping[str, Any] | None, where: str = "attention"
         if key not in allowed:
             raise ValueError(f"unknown option {where}.{key} for attention '{name}'; "
                              f"it accepts: {', '.join(allowed) or 'no options'}")
+        value = options[key]
+        if isinstance(value, int) and not isinstance(value, bool) and not -INT32 <= value < INT32:
+            raise ValueError(f"{where}.{key}={value}: out of range for attention '{name}'; an integer option must "
+                             f"lie in [-2**31, 2**31) (it reaches jit as an int32)")
     return name, options
 
 
