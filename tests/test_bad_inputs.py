@@ -123,6 +123,12 @@ BAD_VALUES = [
      "model.attention.window=1099511627776: out of range for attention 'local'"),
     ("listops", {"model.attention.name": "performer", "model.attention.performer.num_features": -2 ** 31 - 1},
      "model.attention.num_features=-2147483649: out of range for attention 'performer'"),
+    # the fused kernel's tile refusal (a head dim beyond shared memory), interpreted too: before anything compiles
+    ("listops", {"model.attention.name": "local", "model.attention.local.implementation": "fused_interpret",
+                 "model.head_dim": 1024},
+     "model.attention.local: fused kernel: block 64 with head dim 1024 in float32 does not fit in 227 KiB of shared "
+     "memory at any tile (forward: 256 KiB at tile 16, one stage); use an implementation that is not fused: 'auto', "
+     "'blockwise', 'cudnn' (used by encoder_self)"),
     *([] if jax.default_backend() == "gpu" else [  # an explicit fused kernel where it cannot compile
         ("listops", {"model.attention.name": "strided", "model.attention.strided.implementation": "fused"},
          "model.attention.strided: attention.implementation='fused' cannot run here: backend cpu (the fused kernel "

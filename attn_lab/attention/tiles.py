@@ -114,7 +114,7 @@ def fused_tile(block: int, head_dim: int, dtype: object, limit: int | None = Non
         raise ValueError(f"fused kernel: block {block} with head dim {head_dim} in {name} does not fit in "
                          f"{limit // 1024} KiB of shared memory at any tile ({missing[0]}: "
                          f"{kernel_bytes(missing[0], least, least, head_dim, dtype, 1) // 1024} KiB at tile {least}, "
-                         "one stage); use the XLA path (implementation 'blockwise' or 'xla')")
+                         "one stage); use an implementation that is not fused")
     why = (f"block {block}, head dim {padded_head_dim(head_dim)} {name}: "
            + ", ".join(chosen[k][2] for k in KERNELS) + f" within {limit // 1024} KiB")
     return Plan(block, tuple(chosen[k][0] for k in KERNELS), tuple(chosen[k][1] for k in KERNELS), why)

@@ -26,7 +26,7 @@ from ml_collections import config_dict
 from sacrebleu.metrics import BLEU
 
 from attn_lab import objectives
-from attn_lab.attention import KERNELS, build_kernel, validate_spec
+from attn_lab.attention import KERNELS, build_kernel, dispatch, validate_spec
 from attn_lab.attention.registry import default_options, option_type
 from attn_lab.attention.tiles import fused_plan
 from attn_lab.checks import (
@@ -220,13 +220,22 @@ def _build_kernel(m: Any, kind: str, kv: int, call: Any) -> tuple[str, Any]:
         kernel.check(causal=call.causal, cross=call.cross, dropout=m.attention_dropout > 0)
     except ValueError as e:
         raise ValueError(f"{e} (used by {kind})") from None
-    if getattr(kernel, "implementation", None) == "fused":  # a tile beyond shared memory: before any file exists
+    if fused_path(getattr(kernel, "implementation", None)):  # a tile beyond shared memory: before any file exists
         tile = getattr(kernel, "fused_block_size", None) or kernel.default_fused_block()
         try:
             fused_plan(tile, kernel.head_dim, jnp.dtype(m.dtype))
         except ValueError as e:
-            raise ValueError(f"model.attention.{name}: {e} (used by {kind})") from None
+            others = [a for a in getattr(kernel, "IMPLEMENTATIONS", ()) if a not in dispatch.FUSED]
+            raise ValueError(f"model.attention.{name}: {e}{(': ' + ', '.join(map(repr, others))) if others else ''}"
+                             f" (used by {kind})") from None
     return name, kernel
+
+
+def fused_path(implementation: str | None) -> bool:
+    """Whether a kernel's implementation runs the fused Pallas kernel here (compiled, interpreted, or 'auto' once
+    fused is the GPU default), whose tile rule refuses a head dim beyond shared memory."""
+    return implementation in dispatch.FUSED or (implementation == "auto" and dispatch.FUSED_BY_DEFAULT
+                                                and dispatch.fused_refusal(jax.default_backend()) is None)
 
 
 def _check_unused(m: Any, cls: type) -> None:
