@@ -82,20 +82,51 @@ def _can_write(folder: str) -> bool:
         return False
 
 
+RESERVE = 200  # bytes of path a run writes below its folder (checkpoints/<step>/<orbax item>/...)
+
+
+def _limit(folder: str, name: str, default: int) -> int:
+    try:
+        return os.pathconf(folder, name)
+    except (OSError, ValueError):
+        return default
+
+
+def check_path_lengths(path: str, key: str, existing: str | None = None) -> None:
+    """Each folder name in ``path`` fits the file system's name limit and the path leaves room for what a run
+    writes below it (:data:`RESERVE`), else one line (the folders would fail with ENAMETOOLONG once created)."""
+    full = os.path.abspath(os.path.expanduser(path))
+    existing = existing or _nearest(full)
+    name_max, path_max = _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
+    for part in full.split(os.sep):
+        if len(part.encode()) > name_max:
+            raise ValueError(f"{key}='{path}': the name '{part[:24]}...' is {len(part.encode())} bytes; the file "
+                             f"system allows {name_max} per folder name")
+    if len(full.encode()) + RESERVE > path_max:
+        raise ValueError(f"{key}='{path}' is {len(full.encode())} bytes long; the file system allows {path_max} per "
+                         f"path and a run writes up to {RESERVE} more below its folder")
+
+
+def _nearest(full: str) -> str:
+    """The nearest existing folder (or file) at or above the absolute path ``full``."""
+    while not os.path.exists(full):
+        full = os.path.dirname(full)
+    return full
+
+
 def check_writable(path: str, key: str) -> None:
     """``path`` is a folder this process can write in, or one it can create (its nearest existing ancestor is a
-    writable folder); creates nothing."""
+    writable folder, its names within the file system's limits); creates nothing."""
     if not str(path).strip():
         raise ValueError(f"{key}='{path}' is empty; name a folder")
     full = os.path.abspath(os.path.expanduser(path))
-    existing = full
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
+    existing = _nearest(full)
     where = "" if existing == full else f": {existing}"
     if not os.path.isdir(existing):
         raise ValueError(f"{key}='{path}'{where} is a file, not a folder")
     if not _can_write(existing):
         raise ValueError(f"{key}='{path}'{where} is not writable")
+    check_path_lengths(path, key, existing)
 
 
 TYPES = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}

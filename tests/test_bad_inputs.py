@@ -195,6 +195,9 @@ BAD_TRAIN_FLAGS = [
     ([*QUICK, "--workdir", "{w}", "--config.train.grad_clip=x"], "--config.train.grad_clip=x: expected a number"),
     ([*QUICK, "--workdir", "{w}", "--config.train.grad_clip=-1"], "train.grad_clip must be positive"),
     ([*QUICK, "--workdir", "{tmp}/a_file"], "--workdir='{tmp}/a_file' is a file, not a folder"),
+    ([*QUICK, "--workdir", "{w}/" + "n" * 256 + "/x"], "is 256 bytes; the file system allows 255 per folder name"),
+    ([*QUICK, "--workdir", "{w}/{seed}" + "n" * 254, "--seeds", "0,10"],  # the seed 10 makes it too long
+     "is 256 bytes; the file system allows 255 per folder name"),
     ([*QUICK, "--workdir", "{w}/{{seed}}", "--seeds", "0,-1"], "--seeds must be an integer in [0, 2**32 - 1], got -1"),
     ([*QUICK, "--workdir", "{w}/{{seed}}", "--seeds", "0,x"], "--seeds=0,x: give comma-separated integers, e.g. 0,1,2"),
     ([*QUICK, "--workdir", "{w}", "--seed", "1"], "unknown flag --seed; see --help"),
@@ -277,6 +280,7 @@ def test_bad_sweep_command_lines_are_one_line_and_write_nothing(tmp_path):
     truncated results.json stop the sweep in one line before it writes anything."""
     good = _experiment(tmp_path, "good", "{'name': 'x', " + SPEC + ", 'grid': {'model.num_heads': [2, 4]}}")
     noname = _experiment(tmp_path, "noname", "{" + SPEC + "}")
+    longname = _experiment(tmp_path, "longname", "{'name': 'x', " + SPEC + ", 'variants': {'v' * 300: {}}}")
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "numbers.py").symlink_to(os.path.join(ROOT, "configs", "numbers.py"))
     runs = tmp_path / "runs"
@@ -313,6 +317,15 @@ def test_bad_sweep_command_lines_are_one_line_and_write_nothing(tmp_path):
         (["--experiment", str(tmp_path / "experiments"), "--workdir", new],
          f"--experiment={tmp_path / 'experiments'}: {tmp_path / 'experiments'} is a folder, not an experiment file"),
         (["--experiment", good, "--workdir", ""], "--workdir='' is empty; name a folder"),
+        # names past the file system's limit (ENAMETOOLONG once created): the workdir's or a trial's
+        (["--experiment", good, "--workdir", str(tmp_path / ("w" * 300) / "x")],
+         "the name 'wwwwwwwwwwwwwwwwwwwwwwww...' is 300 bytes; the file system allows 255 per folder name"),
+        (["--experiment", good, "--workdir", str(tmp_path / "/".join(["d" * 200] * 20))], "bytes long; the file "
+         "system allows 4096 per path and a run writes up to 200 more below its folder"),
+        (["--experiment", longname, "--workdir", new], "error: trial 'variant=vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv' in "
+         "--workdir="),
+        # a sweep folder with '{seed}' trained its trials outside itself (the per-seed template is inside it)
+        (["--experiment", good, "--workdir", str(tmp_path / "r_{seed}")], "a sweep folder cannot hold '{' or '}'"),
     ]
     for (args, message), proc in zip(cases, _run_all([sweep + a for a, _ in cases], ROOT)):
         assert proc.returncode != 0, args

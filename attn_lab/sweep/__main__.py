@@ -26,7 +26,7 @@ import time
 from absl import flags
 
 from attn_lab import signals
-from attn_lab.checks import check_seed, check_writable
+from attn_lab.checks import check_path_lengths, check_seed, check_writable
 from attn_lab.cli import (
     DEFINE_integer_list,
     check_config_overrides,
@@ -114,7 +114,12 @@ def _check_workdir(exp: Experiment, workdir: str, extra: list[str]) -> None:
     """The sweep folder can be written, and every trial's records there can be read and were made by the config
     this sweep gives it (a rerun skips or resumes those trials and tabulates them at the end:
     :func:`attn_lab.sweep.runner.check_trials`)."""
+    if "{" in workdir or "}" in workdir:  # the trials' per-seed folders are templated inside it ({seed})
+        raise ValueError(f"--workdir='{workdir}': a sweep folder cannot hold '{{' or '}}' (each trial's folder is "
+                         "named per seed inside it: the sweep's folder is one for all seeds)")
     check_writable(workdir, "--workdir")
+    for trial in exp.trials():
+        check_path_lengths(os.path.join(workdir, trial.name), f"trial '{trial.name[:40]}' in --workdir")
     check_trials(exp, workdir, extra)
 
 
