@@ -48,6 +48,20 @@ def test_a_reference_to_no_variant_or_a_chain_is_one_line(tmp_path, variants, me
         load_experiment(_experiment(tmp_path, _body(**variants)))
 
 
+@pytest.mark.parametrize("where", [
+    {"overrides": TINY | {"train.init_from": "{trial:mha}"}},  # fixed: every trial, the source's own included
+    {"grid": {"train.init_from": ["{trial:mha}"]}},  # an axis
+    {"variants": {"mha": {}, "up": {"train.init_from": "runs/{trial:mha}"}}},  # inside a longer value
+])
+def test_a_reference_anywhere_but_a_variant_s_whole_value_is_one_line(tmp_path, where):
+    """Outside a variant's whole value, '{trial:...}' reached the trials as a literal path: they started and
+    failed on a folder that does not exist. Now the file is refused in one line, before any trial starts."""
+    with pytest.raises(ValueError) as info:
+        load_experiment(_experiment(tmp_path, _body() | where))
+    assert "'{trial:<variant>}' can only be the whole value of a variant's override" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
 def test_wandb_export_refuses_trials_that_must_run_in_order(tmp_path):
     path = _experiment(tmp_path, _body())
     proc = subprocess.run([sys.executable, "-m", "attn_lab.sweep", "--experiment", path, "--workdir",

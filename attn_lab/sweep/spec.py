@@ -159,6 +159,18 @@ def _check_refs(path: str, variants: dict[str, dict[str, Any]]) -> None:
                                  f"from scratch ({', '.join(v for v in variants if v not in starts)})")
 
 
+def _check_ref_places(path: str, overrides: dict[str, Any], axes: list, variants: dict[str, dict[str, Any]]) -> None:
+    """``{trial:...}`` is a whole value of a variant's override and nothing else: in the fixed overrides, an axis,
+    or inside a longer string it would reach the trials as a literal path that does not exist (one line instead)."""
+    places = [("overrides", k, v) for k, v in overrides.items()]
+    places += [("grid", k, v) for axis in axes for point in axis for k, v in point.items() if k != "variant"]
+    places += [(f"variant '{n}'", k, v) for n, ov in variants.items() for k, v in ov.items() if _ref(v) is None]
+    for where, key, value in places:
+        if "{trial:" in str(value):
+            raise ValueError(f"{path}: {where}: {key}={value!r}: '{{trial:<variant>}}' can only be the whole value "
+                             "of a variant's override (that variant then starts from the named variant's trial)")
+
+
 def _text(value: Any) -> str:
     return "-".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
@@ -228,6 +240,7 @@ def load_experiment(spec: str, root: str | None = None) -> Experiment:
             _empty(path, "variants")
         axes.append([{"variant": name} for name in variants])
     _check_refs(path, variants)
+    _check_ref_places(path, raw.get("overrides", {}), axes, variants)
     variant_keys = [k for ov in variants.values() for k in ov]
     for key in [*raw.get("overrides", {}), *(k for axis in axes for k in axis[0] if k != "variant"), *variant_keys]:
         _check_key(base, key, path)
