@@ -128,3 +128,18 @@ def test_vmapped_seeds_each_start_from_their_own_seed_s_run(source_run, data_dir
     assert not np.allclose(ours[0], ours[1])  # two different sources
     assert [cfg.train.init_from for cfg in run.configs] == [str(tmp_path / "src" / f"seed={i}") for i in (0, 1)]
     run.close()
+
+
+def test_a_per_seed_source_with_nothing_to_pool_is_one_line_before_the_folder(source_run, data_dir, tmp_path):
+    """A ``{seed}`` source cannot be read when the config is validated; with as many key/value heads as this model
+    it trained with nothing pooled and said nothing. Now the run refuses in one line before its folder exists."""
+    (tmp_path / "src").mkdir()
+    os.symlink(source_run, tmp_path / "src" / "seed=0")
+    c = _grouped(data_dir, str(tmp_path / "src" / "seed={seed}"), 4)  # the source has 4 key/value heads too
+    validate_config(c)  # per seed: checked when the run reads its source
+    with pytest.raises(RunError) as info:
+        Run(c, [str(tmp_path / "same")], seeds=[0])
+    assert str(info.value) == (f"train.init_kv_heads='mean_pool': {tmp_path / 'src' / 'seed=0'} has as many key/value "
+                               "heads as this model in every attention; pooling needs fewer groups here (set "
+                               "model.num_kv_heads below the source's)")
+    assert not os.path.exists(tmp_path / "same")

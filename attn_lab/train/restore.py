@@ -131,10 +131,13 @@ def source_params(path: str) -> dict:
 
 def check_warm_start(path: str, shapes: dict, kv_heads: str = "same") -> None:
     """The shape check of :func:`warm_start` alone (``shapes``: this model's flat parameter shapes), so a source run
-    of another size is refused in one line before the run's folder is made."""
+    of another size, or one with nothing to pool under ``mean_pool``, is refused in one line before the run's folder
+    is made."""
     source = source_params(path)
-    for p, shape in shapes.items():
-        _pooled(path, p, source.get(p), shape, kv_heads)
+    pooled = [p for p, shape in shapes.items() if _pooled(path, p, source.get(p), shape, kv_heads)]
+    if kv_heads == "mean_pool" and not pooled:  # e.g. a per-seed source: config validation could not read it
+        raise RunError(f"train.init_kv_heads='mean_pool': {path} has as many key/value heads as this model in every "
+                       "attention; pooling needs fewer groups here (set model.num_kv_heads below the source's)")
 
 
 def warm_start(path: str, states: list[dict], verbose: bool, kv_heads: str = "same") -> list[dict]:
