@@ -71,10 +71,38 @@ def finished_results(workdir: str) -> dict[str, Any] | None:
     except ValueError as e:
         raise RunError(f"{e}; a finished run's record is never overwritten: move it away to finish the run "
                        "again") from None
-    if results is not None and not {"final", "steps"} <= set(results):
-        raise RunError(f"{os.path.join(workdir, RESULTS_FILE)} has no 'final' or 'steps' (not a finished run's "
-                       "record); move it away to finish the run again")
+    problem = None if results is None else record_problem(results)
+    if problem:
+        raise RunError(f"{os.path.join(workdir, RESULTS_FILE)} {problem} (not a finished run's record, edited or "
+                       "damaged); it is never overwritten: move it away to finish the run again")
     return results
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# A finished run's results.json, key -> (what belongs there, its test): what every reader of it relies on.
+RECORD = {"final": ("an object with 'test'", lambda v: isinstance(v, dict) and isinstance(v.get("test"), dict)),
+          "best": ("an object", lambda v: isinstance(v, dict)),
+          "steps": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+          "num_params": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+          "config": ("an object", lambda v: isinstance(v, dict))}
+
+
+def record_problem(results: dict[str, Any]) -> str | None:
+    """What is wrong with a results.json record (a key missing, or a value that is not what belongs there:
+    :data:`RECORD`; test and validation metrics and speed fields numbers or null), or None."""
+    for key, (what, ok) in RECORD.items():
+        if key not in results:
+            return f"has no '{key}'"
+        if not ok(results[key]):
+            return f"has {key}={results[key]!r} where {what} belongs"
+    metrics = {**{f"final.test.{k}": v for k, v in results["final"]["test"].items()},
+               **{f"best.{k}": v for k, v in results["best"].items()},
+               **{k: results[k] for k in SPEED_FIELDS if k in results and k != "compilations"}}
+    bad = next((k for k, v in metrics.items() if v is not None and not _number(v)), None)
+    return None if bad is None else f"has {bad}={metrics[bad]!r} where a number belongs"
 
 
 def require_finished(workdir: str) -> dict[str, Any]:
@@ -133,7 +161,7 @@ def learned_in(workdir: str) -> dict[str, dict[str, list[float]]]:
 def summary_row(results: dict[str, Any]) -> dict[str, Any]:
     """A finished run's columns in a sweep's table: ``test_<metric>``, ``best_val_<metric>``, ``num_params``,
     ``steps`` and ``steps_per_sec`` (steady state -- compilation excluded -- where the run recorded it)."""
-    speed = results.get("steady_steps_per_sec") or results["steps_per_sec"]
+    speed = results.get("steady_steps_per_sec") or results.get("steps_per_sec")
     return {**{f"test_{k}": v for k, v in results["final"]["test"].items()},
             **{f"best_val_{k}": v for k, v in results["best"].items()},
             "num_params": results["num_params"], "steps": results["steps"], "steps_per_sec": speed}

@@ -160,14 +160,32 @@ def design_text(exp: Experiment) -> str:
     return "\n".join(lines)
 
 
+SWEEP_KEYS = ("experiment", "name")  # what every sweep.json holds ('registration' too, since sweeps register)
+
+
 def _sweep_info(workdir: str) -> dict | None:
-    """This folder's sweep.json (None: none yet, or unreadable -- it is then replaced; the trials' own records
-    still guard their results, :func:`attn_lab.sweep.runner.check_trials`)."""
+    """This folder's sweep.json (None: none yet). A damaged one (unreadable, truncated, a key missing) is refused in
+    one line, never replaced: it holds the registration a resumed sweep promises to keep."""
+    path = os.path.join(workdir, "sweep.json")
     try:
-        old = read_json(os.path.join(workdir, "sweep.json"))
-    except (OSError, ValueError):
+        old = read_json(path)
+    except ValueError as e:
+        why = str(e).partition(" cannot be read ")[2].partition(";")[0] or str(e)
+        raise ValueError(damaged_registration(path, f"cannot be read {why}")) from None
+    if old is None:
         return None
-    return old if isinstance(old, dict) else None
+    missing = [k for k in SWEEP_KEYS if not isinstance(old, dict) or k not in old]
+    if missing:
+        raise ValueError(damaged_registration(path, f"lacks '{missing[0]}'"))
+    if "registration" in old and not isinstance(old["registration"], dict):
+        raise ValueError(damaged_registration(path, f"holds registration={old['registration']!r}, not a record"))
+    return old
+
+
+def damaged_registration(path: str, what: str) -> str:
+    """The one line for a damaged sweep.json: what is wrong, and the two ways on (none replaces it silently)."""
+    return (f"{path} {what}: it holds the registration this sweep keeps when resumed; restore it, or move it away "
+            "to register the sweep anew (the trials' folders are kept)")
 
 
 def _registered(spec: str, workdir: str) -> dict | None:
@@ -229,6 +247,9 @@ def register(exp: Experiment, spec: str, workdir: str, extra: list[str], pilot: 
     reg = keep or registration(exp, path, extra)
     if keep and reg.get("experiment_sha256") != file_sha256(path):
         print(f"note: {path} changed since this sweep started; its tables judge the design registered then")
+    if not keep and os.path.exists(info_path):  # an older sweep's, or one whose registration was removed: said
+        print(f"note: {info_path} holds no registration (a sweep older than registrations, or the key was removed): "
+              "this rerun registers the experiment as it is now")
     if not keep:  # the plan it was planned from (a later re-pilot leaves this copy as it was), and whether a pilot
         reg = {**reg, "plan": None if pilot else exp.plan, "pilot": pilot}
     write_json_atomic(info_path, {"experiment": experiment, "root": exp.root, "name": exp.name, "registration": reg})
