@@ -67,10 +67,17 @@ def entry_points() -> list[str]:
 def load_all(argv: list[str]) -> list[str]:
     """Imports every plugin a command is given -- the entry-point group, ``ATTN_LAB_PLUGINS``, then ``--plugins``
     of ``argv`` -- and exports the list in ``ATTN_LAB_PLUGINS`` for the processes it starts. Returns the list."""
-    specs = entry_points() + [s.strip() for s in os.environ.get(ENV, "").split(",") if s.strip()] + from_argv(argv)
-    specs = list(dict.fromkeys(os.path.abspath(os.path.expanduser(s)) if s.endswith(".py") else s for s in specs))
+    given = os.environ.get(ENV, "")
+    where = {**{s: f"entry point group {GROUP}" for s in entry_points()},
+             **{s.strip(): f"{ENV}={given}" for s in given.split(",") if s.strip()},
+             **{s: "--plugins" for s in from_argv(argv)}}  # where each plugin was named, for its error line
+    where = {os.path.abspath(os.path.expanduser(s)) if s.endswith(".py") else s: w for s, w in where.items()}
+    specs = list(where)
     for spec in specs:
-        load(spec)
+        try:
+            load(spec)
+        except ValueError as e:
+            raise ValueError(str(e) if where[spec] == "--plugins" else f"{where[spec]}: {e}") from None
     if specs:
         os.environ[ENV] = ",".join(specs)
     return specs

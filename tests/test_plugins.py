@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 from attn_lab import plugins
+from attn_lab.attention.registry import check_call
 from tests.helpers import ROOT, tiny_numbers_flags
 
 PLUGIN = textwrap.dedent('''
@@ -94,6 +95,63 @@ def test_a_missing_or_failing_plugin_is_one_line(tmp_path):
     assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1] == (
         "error: plugins: no module named 'no_such_lab.kernels' (give an importable module name or a .py file)")
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_missing_plugin_named_by_the_environment_says_so(tmp_path):
+    """A plugin the user did not type on this command line (``ATTN_LAB_PLUGINS``) is named with the variable."""
+    missing = str(tmp_path / "gone.py")
+    proc = subprocess.run([*TRAIN, "--workdir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300,
+                          env=_env(**{plugins.ENV: missing}))
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert last.startswith(f"error: {plugins.ENV}={missing}: ") and "gone.py" in last, last
+    assert not os.path.exists(tmp_path / "run")
+
+
+BAD_CALL = textwrap.dedent('''
+    from attn_lab.attention.dense import DenseAttention
+    from attn_lab.attention.registry import register
+
+
+    @register("old_call")
+    class OldCall(DenseAttention):
+        """A kernel written against an older __call__: no need_weights, no precision."""
+
+        def __call__(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout,
+                     deterministic):
+            return super().__call__(query, key, value, mask=mask, is_causal=is_causal, dropout_rng=dropout_rng,
+                                    dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
+                                    deterministic=deterministic, precision=None, need_weights=False)
+
+
+    @register("kwargs_call")
+    class KwargsCall(DenseAttention):
+        """Takes every keyword through **kwargs: accepted."""
+
+        def __call__(self, query, key, value, **kwargs):
+            return super().__call__(query, key, value, **kwargs)
+''')
+
+
+def test_a_plugin_kernel_whose_call_lacks_the_documented_keywords_is_one_line_before_the_folder(tmp_path):
+    """A 141-line TypeError from inside jit, after the run folder was made; now one line naming the key, the
+    kernel's class and the keywords it lacks, before anything is prepared. ``**kwargs`` passes the check."""
+    plugin = tmp_path / "calls.py"
+    plugin.write_text(BAD_CALL)
+    proc = subprocess.run([*TRAIN, "--workdir", str(tmp_path / "run"), f"--plugins={plugin}",
+                           "--config.model.attention.name=old_call", f"--config.task.data_dir={tmp_path / 'data'}"],
+                          capture_output=True, text=True, timeout=300, env=_env())
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert lines[0] == ("error: model.attention.name='old_call': attn_lab_plugin_calls.OldCall.__call__ must take "
+                        "(self, query, key, value, *, mask, is_causal, dropout_rng, dropout_rate, broadcast_dropout, "
+                        "deterministic, precision, need_weights), what every call passes, or **kwargs; it lacks "
+                        "precision, need_weights"), lines[0]
+    assert not os.path.exists(tmp_path / "run")
+    plugins.load(str(plugin))
+    check_call("kwargs_call")  # passes
+    with pytest.raises(ValueError, match="it lacks precision, need_weights$"):
+        check_call("old_call")
 
 
 @pytest.mark.slow

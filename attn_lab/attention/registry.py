@@ -156,11 +156,35 @@ def kernel_options(name: str) -> tuple[str, ...]:
                  and v.kind not in (v.VAR_KEYWORD, v.VAR_POSITIONAL))
 
 
+# The keyword arguments every call passes a kernel (:meth:`AttentionKernel.__call__`).
+CALL_KEYWORDS = ("mask", "is_causal", "dropout_rng", "dropout_rate", "broadcast_dropout", "deterministic",
+                 "precision", "need_weights")
+
+
+def check_call(name: str, where: str = "attention") -> None:
+    """A kernel's ``__call__`` takes query, key and value and the keywords every call passes (or ``**kwargs``): a
+    plugin's that does not is one line naming it, before a model is built (else a TypeError deep inside jit)."""
+    cls = KERNELS[name]
+    params = inspect.signature(cls.__call__).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        missing = []
+    else:
+        missing = [k for k in CALL_KEYWORDS if k not in {p.name for p in params if p.kind in (p.KEYWORD_ONLY,
+                                                                                               p.POSITIONAL_OR_KEYWORD)}]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if missing or (len(positional) < 4 and not any(p.kind is p.VAR_POSITIONAL for p in params)):
+        lacks = f"it lacks {', '.join(missing)}" if missing else "it lacks query, key, value"
+        raise ValueError(f"{where}.name='{name}': {cls.__module__}.{cls.__qualname__}.__call__ must take (self, query, "
+                         f"key, value, *, {', '.join(CALL_KEYWORDS)}), what every call passes, or **kwargs; {lacks}")
+
+
 def validate_spec(spec: str | Mapping[str, Any] | None, where: str = "attention") -> tuple[str, dict[str, Any]]:
-    """Checks a kernel name and its option names without building anything; raises a one-line ValueError."""
+    """Checks a kernel name, its ``__call__`` and its option names without building anything; raises a one-line
+    ValueError."""
     name, options = split_spec(spec)
     if name not in KERNELS:
         raise ValueError(f"unknown {where}.name '{name}'; registered kernels: {', '.join(sorted(KERNELS))}")
+    check_call(name, where)
     allowed = kernel_options(name)
     for key in options:
         if key not in allowed:
