@@ -57,6 +57,10 @@ def _unknown_key(argv: list[str], error: Exception) -> str:
     missing = text.splitlines()[0].strip().strip("\"'") if text.strip() else ""
     path = _override_path(argv, missing)
     message = f"unknown config key '{path}'"
+    from attn_lab.plugins import unregistered  # a plugin's key: say which plugin is not loaded
+
+    if unregistered(path):
+        return f"{message}: {unregistered(path)}"
     suggestion = re.search(r'Did you mean "([^"]+)"', text)
     if suggestion and missing in path.split("."):
         parts = path.split(".")

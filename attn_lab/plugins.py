@@ -81,3 +81,22 @@ def load_all(argv: list[str]) -> list[str]:
     if specs:
         os.environ[ENV] = ",".join(specs)
     return specs
+
+
+def unregistered(key: str) -> str | None:
+    """Why a config key (``model.attention.<kernel>.<option>``, ``loss.<term>...``) is unknown in this process when
+    a plugin would make it known: ``"attention kernel 'x' is not registered here: ..."``, or None for any other key.
+    Said instead of "unknown key" or "was trained with": the run is fine, only its plugin is not loaded."""
+    from attn_lab.attention.registry import KERNELS
+    from attn_lab.objectives import TERMS
+
+    parts = key.removeprefix("config.").split(".")
+    if parts[:2] == ["model", "attention"] and len(parts) > 3 and parts[2] not in KERNELS:
+        what = f"attention kernel '{parts[2]}'"
+    elif parts[0] == "loss" and len(parts) > 2 and not any(key.removeprefix("config.").startswith(t.path + ".")
+                                                           for t in TERMS.values()):
+        what = f"loss term section '{'.'.join(parts[:-1])}'"
+    else:
+        return None
+    return (f"{what} is not registered here: load the plugin that registers it (--plugins FILE_OR_MODULE, or "
+            f"{ENV}, or the entry-point group {GROUP})")

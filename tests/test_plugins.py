@@ -13,6 +13,7 @@ import pytest
 
 from attn_lab import plugins
 from attn_lab.attention.registry import check_call
+from attn_lab.train import identity
 from tests.helpers import ROOT, tiny_numbers_flags
 
 PLUGIN = textwrap.dedent('''
@@ -106,6 +107,21 @@ def test_a_missing_plugin_named_by_the_environment_says_so(tmp_path):
     assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert last.startswith(f"error: {plugins.ENV}={missing}: ") and "gone.py" in last, last
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_plugin_s_key_without_its_plugin_names_the_plugin_not_the_key():
+    """An option of a kernel (or a loss section) no loaded plugin registers: the line says the kernel is not
+    registered and how to load it, for an unknown key and for a finished run trained with it."""
+    hint = plugins.unregistered("model.attention.nope_kernel.sharpness")
+    assert hint == ("attention kernel 'nope_kernel' is not registered here: load the plugin that registers it "
+                    "(--plugins FILE_OR_MODULE, or ATTN_LAB_PLUGINS, or the entry-point group attn_lab.plugins)")
+    assert plugins.unregistered("config.loss.nope_term.weight").startswith("loss term section 'loss.nope_term' is")
+    for known in ("model.attention.local.window", "loss.diversity.subspace.weight", "model.num_heads",
+                  "model.attention.name"):
+        assert plugins.unregistered(known) is None, known
+    line = identity.mismatch_text("runs/x", "results.json", [("model.attention.nope_kernel.sharpness", 2.0,
+                                                              identity.ABSENT)], identity.FRESH)
+    assert line == f"runs/x was trained with a plugin: {hint}"
 
 
 BAD_CALL = textwrap.dedent('''
@@ -203,3 +219,31 @@ def test_a_sweep_finished_before_a_plugin_was_written_skips_its_trials_with_the_
     changed = subprocess.run([*cmd, f"--plugins={plugin_file}", "--config.model.mlp_dim=32"], capture_output=True,
                              text=True, timeout=600, env=_env())
     assert changed.returncode != 0 and "model.mlp_dim" in changed.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_a_finished_plugin_sweep_rerun_without_its_plugin_says_to_load_it(plugin_file, tmp_path):
+    """The rerun said the trial 'was trained with' the kernel's option and advised a new workdir (retraining
+    finished work); it now says the kernel is not registered and how to load it, and writes nothing."""
+    exp = tmp_path / "exp.py"
+    exp.write_text(textwrap.dedent(f"""
+        def get_experiment(preset="quick"):
+            return {{"name": "plug", "config": {os.path.join(ROOT, "configs", "numbers.py:quick")!r},
+                     "variants": {{"k": {{"model.attention.name": "plugin_kernel"}}}}, "seeds": [0], "overrides": {{
+                         "task.max_value": 199, "model.d_model": 32, "model.mlp_dim": 64, "model.num_layers": 1,
+                         "train.num_steps": 2, "train.batch_size": 16, "train.log_every": 2, "train.eval_every": 2,
+                         "train.max_eval_batches": 1, "wandb.mode": "disabled"}}}}
+    """))
+    cmd = [sys.executable, "-m", "attn_lab.sweep", "--experiment", str(exp), "--workdir", str(tmp_path / "runs"),
+           f"--config.task.data_dir={tmp_path / 'data'}", "--config.compile_cache="]
+    first = subprocess.run([*cmd, f"--plugins={plugin_file}"], capture_output=True, text=True, timeout=600,
+                           env=_env())
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = sorted(p for p, _, _ in os.walk(tmp_path / "runs"))
+    bare = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env())
+    lines = bare.stderr.strip().splitlines()
+    assert bare.returncode != 0 and len(lines) == 1, bare.stderr[-2000:]
+    assert lines[0] == (f"error: {tmp_path / 'runs' / 'variant=k,seed=0'} was trained with a plugin: attention "
+                        f"kernel 'plugin_kernel' is not registered here: load the plugin that registers it "
+                        "(--plugins FILE_OR_MODULE, or ATTN_LAB_PLUGINS, or the entry-point group attn_lab.plugins)")
+    assert sorted(p for p, _, _ in os.walk(tmp_path / "runs")) == before

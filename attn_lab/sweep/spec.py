@@ -40,6 +40,7 @@ from typing import Any
 
 import ml_collections
 
+from attn_lab import plugins
 from attn_lab.checks import call_user_function, check_seed, load_user_module
 from attn_lab.experiment import Powered, Preset
 from attn_lab.reporting.plan import MIN_PAIRS
@@ -191,7 +192,8 @@ def _check_key(config: ml_collections.ConfigDict, key: str, where: str) -> None:
     try:
         config[key]
     except (KeyError, TypeError):
-        raise ValueError(f"{where}: unknown config key '{key}'") from None
+        hint = plugins.unregistered(key)
+        raise ValueError(f"{where}: unknown config key '{key}'" + (f": {hint}" if hint else "")) from None
 
 
 def resolve_config(config: str, experiment: str, root: str) -> str:

@@ -168,6 +168,11 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple
 
 def mismatch_text(where: str, source: str, diffs: list[tuple[str, Any, Any]], fresh: str) -> str:
     """One line: ``<where> was trained with <key>=<old> (<source>); this <...> has <key>=<new>`` and how to go on."""
+    from attn_lab import plugins  # the registries: only when a run differs
+
+    hint = next((h for k, _, n in diffs if n is ABSENT and (h := plugins.unregistered(k))), None)
+    if hint:  # the recorded run used a plugin this process did not load: the run is fine, the command is not
+        return f"{where} was trained with a plugin: {hint}"
     key, old, new = diffs[0]
     more = f" (and {len(diffs) - 1} more: {', '.join(d[0] for d in diffs[1:4])}{', ...' if len(diffs) > 4 else ''})"
     return (f"{where} was trained with {key}={old!r} ({source}), this config has {key}={new!r}"
