@@ -86,8 +86,7 @@ def _number(value: Any) -> bool:
 RECORD = {"final": ("an object with 'test'", lambda v: isinstance(v, dict) and isinstance(v.get("test"), dict)),
           "best": ("an object", lambda v: isinstance(v, dict)),
           "steps": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
-          "num_params": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
-          "config": ("an object", lambda v: isinstance(v, dict))}
+          "num_params": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)}
 
 
 def record_problem(results: dict[str, Any]) -> str | None:
@@ -98,6 +97,8 @@ def record_problem(results: dict[str, Any]) -> str | None:
             return f"has no '{key}'"
         if not ok(results[key]):
             return f"has {key}={results[key]!r} where {what} belongs"
+    if not isinstance(results.get("config", {}), dict):  # older records have none
+        return f"has config={results['config']!r} where an object belongs"
     metrics = {**{f"final.test.{k}": v for k, v in results["final"]["test"].items()},
                **{f"best.{k}": v for k, v in results["best"].items()},
                **{k: results[k] for k in SPEED_FIELDS if k in results and k != "compilations"}}

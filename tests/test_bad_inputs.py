@@ -374,6 +374,10 @@ BAD_ANALYSIS_AND_TABLES = [
     ([*TABLES, "--workdir", "{tmp}/torn"], "{tmp}/torn/num_heads=2,seed=0/results.json cannot be read"),
     ([*TABLES, "--workdir", "{tmp}/reads"],
      "{tmp}/reads/num_heads=2,seed=0/analysis/importance.json cannot be read (JSONDecodeError: "),
+    # tables that cannot be written (a read-only sweep folder, or --out): one line before any is written
+    ([*TABLES, "--workdir", "{tmp}/reads", "--out", READ_ONLY], f"--out='{READ_ONLY}': /sys is not writable"),
+    ([*TABLES, "--workdir", "{tmp}/reads/num_heads=2,seed=0", "--out", READ_ONLY],
+     f"--out='{READ_ONLY}': /sys is not writable"),
 ]
 
 # A finished trial's record as the trainer writes it (what the tables read), and a report that reads its analysis.

@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
     if os.path.exists(_BENCH.value):
         with open(_BENCH.value) as f:
             bench = list(csv.DictReader(f))
-    out = _OUT.value or os.path.join(sweep_dir, "tables")
+    out = _writable_out(sweep_dir)
     new = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
     try:
@@ -148,12 +148,25 @@ def _runs(folder: str) -> int:
     if not runs:
         sys.exit(f"error: --workdir={folder}: no sweep.json and no finished run (results.json) in it or in its "
                  "subfolders; give a sweep folder, a run's folder or a folder of runs")
-    out = _OUT.value or os.path.join(folder, "tables")
+    out = _writable_out(folder)
     print(write_tables(out, RUNS_NAME, [runs_table(folder, runs)]))
     envs = summarize([results.environment(results.finished_results(run)) for run in runs])
     print("Environments of these runs:\n" + "\n".join(f"  {line}" for line in envs))
     print(f"wrote {out}/{RUNS_NAME}.md and .tex")
     return 0
+
+
+def _writable_out(folder: str) -> str:
+    """The tables' folder (``--out``, default ``<folder>/tables``), checked writable before anything is written: a
+    read-only sweep folder is one line naming it and --out, not a traceback."""
+    from attn_lab.checks import check_writable
+
+    out = _OUT.value or os.path.join(folder, "tables")
+    try:
+        check_writable(out, "--out")
+    except ValueError as e:
+        sys.exit(f"error: {e}" + ("" if _OUT.value else " (the tables go to <workdir>/tables; give --out elsewhere)"))
+    return out
 
 
 def _environments(sweep_dir: str, rows: list[dict]) -> list[str]:
