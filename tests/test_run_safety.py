@@ -25,7 +25,7 @@ from attn_lab.train import config as train_config
 from attn_lab.train import task_data, trainer
 from attn_lab.train.checkpoint import Checkpointer, CheckpointError, restore_common
 from attn_lab.train.trainer import Run, TaskError, train_and_evaluate
-from attn_lab.train.workdir import WorkdirBusy, WorkdirLock
+from attn_lab.train.workdir import WorkdirBusy, WorkdirLock, lock_workdirs
 from tests.helpers import ROOT, tiny_numbers, tiny_numbers_flags
 
 # A failed restore's abandoned TensorStore reads finish after the test that caused them at times; the library drops
@@ -311,6 +311,26 @@ def test_a_second_process_on_a_workdir_stops_in_one_line_and_a_dead_holder_s_loc
     assert json.load(open(os.path.join(workdir, ".lock")))["pid"] == os.getpid()
     lock.release()
     assert open(os.path.join(workdir, ".lock")).read() == ""
+
+
+def test_a_busy_seed_refuses_the_run_leaving_no_other_seed_s_folder_or_lock(tmp_path):
+    """Seeds 0, 1, 2 where seed 1's folder is held: the refusal names seed 1 and leaves seed 0's and seed 2's folders
+    as they were -- not made (seed 0) and no .lock left in one that existed (seed 2)."""
+    (tmp_path / "seed=2").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "seed=1")], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(WorkdirBusy, match=f"workdir {tmp_path / 'seed=1'} is in use by pid {holder.pid}"):
+            lock_workdirs([str(tmp_path / f"seed={s}") for s in (0, 1, 2)])
+        assert sorted(os.listdir(tmp_path)) == ["seed=1", "seed=2"] and os.listdir(tmp_path / "seed=2") == []
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    locks = lock_workdirs([str(tmp_path / f"seed={s}") for s in (0, 1, 2)])  # free now: all three taken
+    assert all(os.path.exists(tmp_path / f"seed={s}" / ".lock") for s in (0, 1, 2))
+    for lock in locks:
+        lock.release()
 
 
 def test_a_task_that_fails_to_load_leaves_no_workdir(tmp_path, data_dir, monkeypatch):

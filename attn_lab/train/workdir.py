@@ -78,6 +78,18 @@ class WorkdirLock:
         os.pwrite(fd, json.dumps(me).encode(), 0)
         self.fd = fd
 
+    def probe(self) -> None:
+        """Raises :class:`WorkdirBusy` when a live process holds the lock; creates nothing (a missing or free lock
+        passes), so a refusal of several folders leaves none of them made or locked."""
+        try:
+            fd = os.open(os.path.join(self.workdir, self.name), os.O_RDWR)
+        except OSError:  # no lock file yet (acquire creates it, and says why if it cannot)
+            return
+        try:
+            self._flock(fd)
+        finally:
+            os.close(fd)  # drops the probe's flock
+
     def _flock(self, fd: int) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -102,6 +114,8 @@ class WorkdirLock:
 
 def lock_workdirs(workdirs: list[str]) -> list[WorkdirLock]:
     """Locks every folder (a vmapped run writes one per seed), or none: raises the first busy one's line."""
+    for workdir in workdirs:  # every busy folder found before any is made or locked
+        WorkdirLock(workdir).probe()
     locks: list[WorkdirLock] = []
     try:
         for workdir in workdirs:
