@@ -3,6 +3,7 @@ finished multi-head run, run in order, resumed by identity, refused where it can
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -95,6 +96,11 @@ def test_uptraining_trials_run_after_their_sources_and_resume_by_identity(tmp_pa
         assert os.path.getmtime(runs / f"variant=gqa_up,seed={seed}" / "config.json") >= source
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and second.stdout.count(": skipped") == 4, second.stdout + second.stderr
+    moved = tmp_path / "elsewhere" / "runs"  # copied (synced, unpacked): its uptrained trials name the old sources
+    shutil.copytree(runs, moved, symlinks=True)
+    again = subprocess.run([*cmd[:cmd.index(str(runs))], str(moved), *cmd[cmd.index(str(runs)) + 1:]],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.count(": skipped") == 4, again.stdout + again.stderr
     for seed in (0, 1):  # a source that can no longer train: its uptrained trial says why and never starts
         for name in (f"variant=gqa_up,seed={seed}", f"variant=mha,seed={seed}"):
             os.rename(runs / name, tmp_path / f"old-{name}")
@@ -103,3 +109,18 @@ def test_uptraining_trials_run_after_their_sources_and_resume_by_identity(tmp_pa
     third = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert third.returncode != 0
     assert "variant=gqa_up,seed=0: failed: starts from variant=mha,seed=0, which failed" in third.stdout
+
+
+def test_a_moved_sweep_s_reference_compares_relative_to_the_sweep_folder(tmp_path):
+    """An uptrained trial records its source's absolute path; copied elsewhere, the same sibling is the same run.
+    A source that is not the trial's sibling, or another trial's folder name, still differs."""
+    from attn_lab.train.identity import differences, moved_references
+
+    here = str(tmp_path / "new" / "variant=up,seed=0")
+    old = {"train": {"init_from": "/old/runs/variant=mha,seed=0"}, "seed": 0}
+    new = {"train": {"init_from": str(tmp_path / "new" / "variant=mha,seed=0")}, "seed": 0}
+    assert differences(*moved_references(old, new, here)) == []
+    other = {"train": {"init_from": "/old/runs/variant=mha,seed=1"}, "seed": 0}  # another seed's source
+    assert [d[0] for d in differences(*moved_references(other, new, here))] == ["train.init_from"]
+    outside = {"train": {"init_from": "/elsewhere/variant=mha,seed=0"}, "seed": 0}  # a source outside the sweep
+    assert moved_references(old, outside, here) == (old, outside)

@@ -219,6 +219,19 @@ def recorded_config(workdir: str) -> tuple[dict[str, Any] | None, str, dict[str,
     return config, path, record
 
 
+def moved_references(recorded: dict[str, Any], current: dict[str, Any], workdir: str) -> tuple[dict, dict]:
+    """Both configs with ``train.init_from`` written relative to the run's parent folder where the current source is
+    a sibling of ``workdir`` (a sweep's ``{trial:<variant>}``) and the recorded one has its folder name: a sweep
+    copied, synced or unpacked elsewhere recorded its sources' old absolute paths, and is the same run here."""
+    old, new = (c.get("train", {}).get("init_from") for c in (recorded, current))
+    parent = os.path.dirname(os.path.abspath(workdir))
+    if not (isinstance(old, str) and isinstance(new, str) and os.path.dirname(os.path.abspath(new)) == parent
+            and os.path.basename(old.rstrip("/")) == os.path.basename(new.rstrip("/"))):
+        return recorded, current
+    relative = lambda c: {**c, "train": {**c["train"], "init_from": f"{{sweep}}/{os.path.basename(new)}"}}  # noqa
+    return relative(recorded), relative(current)
+
+
 def check_same_run(workdir: str, config: dict[str, Any] | Callable[[], dict[str, Any]],
                    fresh: str = FRESH) -> dict[str, Any] | None:
     """Raises a one-line :class:`RunError` when ``workdir`` holds a run trained with another identity than
@@ -227,7 +240,7 @@ def check_same_run(workdir: str, config: dict[str, Any] | Callable[[], dict[str,
     config-file load)."""
     recorded, source, record = recorded_config(workdir)
     if recorded is not None:
-        diffs = differences(recorded, config() if callable(config) else config)
+        diffs = differences(*moved_references(recorded, config() if callable(config) else config, workdir))
         if diffs:
             raise RunError(mismatch_text(workdir, source, diffs, fresh))
     return record
