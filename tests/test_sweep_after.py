@@ -124,3 +124,37 @@ def test_a_moved_sweep_s_reference_compares_relative_to_the_sweep_folder(tmp_pat
     assert [d[0] for d in differences(*moved_references(other, new, here))] == ["train.init_from"]
     outside = {"train": {"init_from": "/elsewhere/variant=mha,seed=0"}, "seed": 0}  # a source outside the sweep
     assert moved_references(old, outside, here) == (old, outside)
+
+
+@pytest.mark.slow
+def test_a_trial_whose_source_is_in_another_shard_waits_for_it_or_is_not_run(tmp_path):
+    """Shard 1/2 holds the uptrained trial, shard 0/2 its source. Alone, shard 1/2 does not start it (no failure,
+    nothing written: 'not run', rerun later); started while shard 0/2 trains the source, it waits and then trains."""
+    import time
+
+    from attn_lab.train.workdir import WorkdirBusy, WorkdirLock
+
+    variants = {"mha": {"train.num_steps": 4, "train.eval_every": 4, "train.checkpoint_every": 4},
+                "gqa_up": {**UPTRAIN, "train.num_steps": 2, "train.eval_every": 2, "train.checkpoint_every": 2}}
+    path = _experiment(tmp_path, _body(seeds=(0,), **variants))
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "attn_lab.sweep", "--experiment", path, "--workdir", str(runs),
+           f"--config.task.data_dir={tmp_path / 'data'}"]
+    alone = subprocess.run([*cmd, "--shard", "1/2"], capture_output=True, text=True, timeout=600)
+    assert alone.returncode == 1, alone.stdout[-2000:] + alone.stderr[-2000:]
+    assert ("variant=gqa_up,seed=0: not run: starts from variant=mha,seed=0, another shard's trial that has not "
+            "finished; rerun this shard once it has") in alone.stdout, alone.stdout
+    assert not (runs / "variant=gqa_up,seed=0").exists() and not (runs / "variant=mha,seed=0").exists()
+    source = subprocess.Popen([*cmd, "--shard", "0/2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # shard 0/2 holds the source's folder: start shard 1/2 now
+        try:
+            WorkdirLock(str(runs / "variant=mha,seed=0")).probe()
+        except WorkdirBusy:
+            break
+        time.sleep(0.2)
+    waits = subprocess.run([*cmd, "--shard", "1/2"], capture_output=True, text=True, timeout=900)
+    out, err = source.communicate(timeout=600)
+    assert source.returncode == 0, out[-2000:] + err[-2000:]
+    assert waits.returncode == 0, waits.stdout[-2000:] + waits.stderr[-2000:]
+    assert json.load(open(runs / "variant=gqa_up,seed=0" / "results.json"))["steps"] == 2

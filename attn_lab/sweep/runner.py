@@ -33,7 +33,7 @@ from attn_lab.io import write_text_atomic
 from attn_lab.markdown import markdown_table
 from attn_lab.sweep.spec import SWEEP_FIELD, Experiment, Trial, load_config_file
 from attn_lab.train import identity
-from attn_lab.train.workdir import BUSY_EXIT, SEED_FIELD
+from attn_lab.train.workdir import BUSY_EXIT, SEED_FIELD, WorkdirBusy, WorkdirLock
 
 
 def override_flags(overrides: dict[str, Any]) -> list[str]:
@@ -322,8 +322,16 @@ def _unit(exp: Experiment, unit: list[Trial], workdir: str, extra: list[str], pr
     """One group of trials, with its start and end on the progress lines (not started once the sweep stops, nor
     when a trial it starts from did not finish)."""
     before = {name: status for future in waits for name, status in future.result().items()}
+    for name in dict.fromkeys(n for t in unit for n in t.after if n not in before):  # another shard's trial
+        before[name] = _wait_for_shard(os.path.join(workdir, name))
     if CHILDREN.signum is not None:
         return {t.name: NOT_RUN for t in unit}
+    later = {t.name: next((f"{NOT_RUN}: starts from {n}, {before[n]}" for n in t.after
+                           if before[n] == ANOTHER_SHARD), None) for t in unit}
+    if any(later.values()):
+        statuses = {t.name: later[t.name] or NOT_RUN for t in unit}
+        progress.ended(statuses, 0)
+        return statuses
     missing = {t.name: next((f"failed: starts from {n}, which {before[n]}" for n in t.after
                              if before.get(n, "ok") not in ("ok", "skipped")), None) for t in unit}
     if any(missing.values()):
@@ -336,6 +344,23 @@ def _unit(exp: Experiment, unit: list[Trial], workdir: str, extra: list[str], pr
     statuses = run_group(exp, unit, workdir, extra)
     progress.ended(statuses, len(todo))
     return statuses
+
+
+ANOTHER_SHARD = "another shard's trial that has not finished; rerun this shard once it has"
+SHARD_POLL = 10.0  # seconds between looks at a source another shard is training
+
+
+def _wait_for_shard(folder: str) -> str:
+    """The status of a source trial this invocation does not run (another ``--shard``'s): 'ok' once it finished
+    (waiting while a live process trains it), else :data:`ANOTHER_SHARD` (never a failure: nothing went wrong)."""
+    while not results.is_finished(folder) and CHILDREN.signum is None:
+        try:
+            WorkdirLock(folder).probe()
+        except WorkdirBusy:  # being trained right now: wait for it
+            time.sleep(SHARD_POLL)
+            continue
+        break
+    return "ok" if results.is_finished(folder) else ANOTHER_SHARD
 
 
 class Progress:
