@@ -1,4 +1,4 @@
-"""A full disk stops a command in exactly one line.
+"""A full disk (or a folder that became unwritable) stops a command in exactly one line.
 
 When a checkpoint write hits ENOSPC, orbax and tensorstore report it from their own threads before the main thread
 sees it: an ERROR log record with the traceback per failed write, "Event loop is closed" tracebacks from native
@@ -19,25 +19,38 @@ import sys
 import traceback
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-MARKS = ("No space left on device", "Disk quota exceeded", "os_error_code='28'", "os_error_code='122'")
+UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)  # a folder that became unwritable mid-run: the same one line
+# A library's wrapped error text -> the errno it stands for (tensorstore and orbax name the OS error in the text).
+CODES = {"No space left on device": errno.ENOSPC, "os_error_code='28'": errno.ENOSPC,
+         "Disk quota exceeded": errno.EDQUOT, "os_error_code='122'": errno.EDQUOT,
+         "Permission denied": errno.EACCES, "os_error_code='13'": errno.EACCES,
+         "Read-only file system": errno.EROFS, "os_error_code='30'": errno.EROFS}
+MARKS = tuple(CODES)
 _state: dict = {"held": [], "stopped": False, "installed": False}
 
 
 def disk_full_line(full: OSError, saved: str = "nothing written before is lost") -> str:
-    """The one line of a command stopped by a full disk: the file, the reason, what is intact, how to go on."""
-    return (f"error: disk full{f' writing {full.filename}' if full.filename else ''} ({os.strerror(full.errno)}); "
-            f"{saved}: free space and rerun the same command to resume")
+    """The one line of a command stopped by a full disk (or a folder it can no longer write): the file, the reason,
+    what is intact, how to go on."""
+    where = f" writing {full.filename}" if full.filename else ""
+    if full.errno in UNWRITABLE:
+        return (f"error: cannot write {full.filename or 'here'} ({os.strerror(full.errno)}); {saved}: make the folder "
+                "writable again and rerun the same command to resume")
+    return (f"error: disk full{where} ({os.strerror(full.errno)}); {saved}: free space and rerun the same command "
+            "to resume")
 
 
 def disk_full(error: BaseException) -> OSError | None:
-    """The ENOSPC / EDQUOT OSError in ``error``'s chain of causes (libraries wrap it), else None."""
+    """The ENOSPC / EDQUOT (or EACCES / EPERM / EROFS: unwritable) OSError in ``error``'s chain of causes (libraries
+    wrap it), else None."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in DISK_FULL:
+        if isinstance(error, OSError) and error.errno in DISK_FULL + UNWRITABLE:
             return error
-        if any(mark in str(error) for mark in MARKS):  # a library's wrapped error: its text names the file
-            code = errno.EDQUOT if "quota" in str(error) else errno.ENOSPC
+        mark = next((m for m in MARKS if m in str(error)), None)
+        if mark is not None:  # a library's wrapped error: its text names the file
+            code = CODES[mark]
             named = re.search(r'(?:Failed writing|local file): "([^"]+)"', str(error))
             return OSError(code, os.strerror(code), named.group(1) if named else None)
         error = error.__cause__ or error.__context__

@@ -485,6 +485,27 @@ def test_a_wrapped_full_disk_error_names_its_file():
     assert (full.errno, full.filename) == (errno.ENOSPC, "/r/checkpoints/20.tmp/ocdbt/d/ab")
 
 
+def test_a_checkpoint_folder_that_became_unwritable_is_one_line_too():
+    """orbax and tensorstore wrap the OS error; a folder made read-only mid-run (EACCES, EROFS) gets the full disk's
+    one line, worded for permissions, naming the file and what is intact."""
+    from attn_lab.diskfull import disk_full, disk_full_line
+
+    wrapped = ValueError('PERMISSION_DENIED: Error writing "k" in OCDBT database at local file "/r/checkpoints/20.tmp/'
+                         'ocdbt/": Failed writing: "/r/checkpoints/20.tmp/ocdbt/d/ab": Permission denied '
+                         "[os_error_code='13']")
+    try:
+        raise RuntimeError("save failed") from wrapped
+    except RuntimeError as e:
+        denied = disk_full(e)
+    assert (denied.errno, denied.filename) == (errno.EACCES, "/r/checkpoints/20.tmp/ocdbt/d/ab")
+    assert disk_full_line(denied, "the newest checkpoint, step 6, is intact") == (
+        "error: cannot write /r/checkpoints/20.tmp/ocdbt/d/ab (Permission denied); the newest checkpoint, step 6, is "
+        "intact: make the folder writable again and rerun the same command to resume")
+    read_only = disk_full(OSError(errno.EROFS, "Read-only file system", "/r/checkpoints/7"))
+    assert disk_full_line(read_only).startswith("error: cannot write /r/checkpoints/7 (Read-only file system); ")
+    assert disk_full(KeyError("other")) is None
+
+
 def test_a_signal_inside_the_loop_waits_for_the_step_and_a_second_one_stops_at_once():
     """signals.deferred: the first signal only sets the flag the loop polls (it checkpoints, then stops); a second
     one -- Ctrl-C pressed twice -- raises at once; outside, the first raises."""
