@@ -62,7 +62,7 @@ def finished(tmp_path_factory):
                           timeout=600, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     shutil.rmtree(root / "runs" / "tables")
-    return root, sweep, data
+    return root, sweep, data, path
 
 
 def _snapshot(folder: str) -> dict[str, bytes]:
@@ -76,7 +76,7 @@ def _snapshot(folder: str) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("name,how", CASES, ids=[f"{n}-{h}" for n, h in CASES])
 def test_a_damaged_record_is_one_line_or_read_past_never_a_traceback(finished, tmp_path, name, how):
-    root, sweep, data = finished
+    root, sweep, data, _ = finished
     folders = {}
     for command in ("sweep", "tables"):
         folder = tmp_path / command
@@ -97,3 +97,32 @@ def test_a_damaged_record_is_one_line_or_read_past_never_a_traceback(finished, t
             lines = proc.stderr.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("error: ") and name in lines[0], (command, proc.stderr)
             assert _snapshot(str(folder)) == before, command  # nothing written, the damaged record as it was
+
+
+RESUMED = [(name, how) for name in ("config.json", "metrics.jsonl", "training.json")
+           for how in ("truncated", "emptied", "key removed")]
+
+
+@pytest.mark.parametrize("name,how", RESUMED, ids=[f"{n}-{h}" for n, h in RESUMED])
+def test_the_trainer_resuming_a_run_with_a_damaged_record_says_one_line_or_finishes(finished, tmp_path, name, how):
+    """A run stopped after its last checkpoint (no results.json) whose config.json, metrics.jsonl or training.json
+    was damaged: the trainer's rerun finishes it (a log it can do without; training.json's speed then unknown) or
+    refuses in one line naming the file (config.json records which config trained it) -- never a traceback."""
+    from attn_lab.sweep.runner import trial_command
+    from attn_lab.sweep.spec import load_experiment
+
+    root, _, data, path = finished
+    run = tmp_path / TRIAL
+    shutil.copytree(root / "runs" / TRIAL, run, symlinks=True)
+    os.remove(run / "results.json")
+    _damage(str(run / name), how)
+    exp = load_experiment(path)
+    trial = next(t for t in exp.trials() if t.name == TRIAL)
+    proc = subprocess.run(trial_command(exp, trial, str(run), [data]), capture_output=True, text=True, timeout=600,
+                          cwd=root)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and name in lines[0], proc.stderr
+    else:
+        assert json.load(open(run / "results.json"))["steps"] == 4

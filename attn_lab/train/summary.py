@@ -72,12 +72,16 @@ def summary_line(workdir: str, record: dict[str, Any]) -> str:
     test = record.get("final", {}).get("test", {})
     scores = []
     if "loss" in test:
-        scores.append(f"test loss {test['loss']:.4f} (perplexity {math.exp(min(test['loss'], 700)):.3g})")
-    scores += [f"{LABELS[m]} {test[m]:.4g}" for m in reversed(METRICS) if m in test]
+        scores.append(f"test loss {test['loss']:.4f} (perplexity {math.exp(min(test['loss'], 700)):.3g})"
+                      if isinstance(test["loss"], (int, float)) else f"test loss {test['loss']}")
+    scores += [f"{LABELS[m]} {test[m]:.4g}" if isinstance(test[m], (int, float)) else f"{LABELS[m]} {test[m]}"
+               for m in reversed(METRICS) if m in test]
     steady, whole = record.get("steady_steps_per_sec"), record.get("steps_per_sec")
     speed = (f" ({steady:.2f} steps/s after compilation)" if steady else
              f" ({whole:.2f} steps/s, compilation included: one log window)" if whole else "")
     files = [f for f in (results.RESULTS_FILE, results.METRICS_FILE, CURVES_FILE)
              if os.path.exists(os.path.join(workdir, f))]
-    return (f"{workdir}: {record.get('steps', '?')} steps in {record.get('wall_time_sec', 0):.0f} s{speed}; "
+    wall = record.get("wall_time_sec")  # None: training.json was lost before a resumed final test
+    took = f"{wall:.0f} s" if isinstance(wall, (int, float)) else "an unrecorded time"
+    return (f"{workdir}: {record.get('steps', '?')} steps in {took}{speed}; "
             f"{', '.join(scores) or 'no test scores'}; files: {', '.join(files)}")
