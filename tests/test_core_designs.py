@@ -42,10 +42,13 @@ def test_the_language_model_and_numbers_designs_stay_under_their_own_names():
     for table in ("head_count", "pruning", "diversity"):
         assert _task(os.path.join(ROOT, f"experiments/{table}.py:lm")) == "bible_lm"
         assert _task(os.path.join(ROOT, f"experiments/{table}.py:numbers")) == "numbers"
-    quick, kv = (load_experiment(os.path.join(ROOT, f"experiments/head_count.py:{p}")).preset
-                 for p in ("quick", "translation_kv"))
+    quick, kv = (load_experiment(os.path.join(ROOT, f"experiments/{p}")).preset
+                 for p in ("head_count.py:quick", "gqa.py:translation"))
     assert isinstance(quick.seeds, Powered) and quick.baseline == kv.baseline == "A-h8" and quick.config == kv.config
-    assert set(quick.findings) == {"A-h1", "A-h16"} and set(kv.findings) == {"MQA-h8", "GQA-h8-kv2"}  # Table 3 A
+    assert set(quick.findings) == {"A-h1", "A-h16"}  # Table 3 A; multi-query from scratch, both uptrained (5%)
+    assert set(kv.findings) == {"MQA-h8", "MQA-h8-up", "GQA-h8-kv2-up"}
+    for arm in ("MQA-h8-up", "GQA-h8-kv2-up"):  # Ainslie et al.: each seed's 8-head run pooled, then 5% of its steps
+        assert kv.arms[arm]["train.init_from"] == "{trial:A-h8}" and kv.arms[arm]["train.num_steps"] == 30
 
 
 TINY = {  # a few verses and steps: the preset's own arms, analysis and report at the smallest size
