@@ -14,9 +14,10 @@ from attn_lab.experiment import Powered, fingerprint
 from attn_lab.sweep.spec import load_config_file, load_experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRANSLATION = ["experiments/head_count.py:quick", "experiments/pruning.py:quick", "experiments/diversity.py:quick"]
+TRANSLATION = ["experiments/head_count.py:quick", "experiments/pruning.py:quick", "experiments/diversity.py:quick",
+               "experiments/gqa.py:translation"]
 CLASSIFICATION = ["experiments/head_count.py:sentiment", "experiments/pruning.py:sentiment"]
-NOT_PILOTED = ["experiments/diversity.py:quick"]  # declared; its pilot is the next run (docs/diversity.md)
+NOT_PILOTED = ["experiments/gqa.py:translation"]  # declared; its pilot is the next run (docs/head_count.md)
 
 
 def _task(spec: str) -> str:
