@@ -87,7 +87,8 @@ def check_prompt(prompt: Any, vocab_size: int | None) -> None:
         low, high = int(jnp.min(prompt)), int(jnp.max(prompt))
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high
-            raise ValueError(f"prompt token id {bad} is outside the model's vocabulary: ids must be 0..{vocab_size - 1}")
+            raise ValueError(f"prompt token id {bad} is outside the model's vocabulary: ids must be "
+                             f"0..{vocab_size - 1}")
 
 
 def check_request(prompt_len: int, new_tokens: int, max_positions: int | None) -> None:
