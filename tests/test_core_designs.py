@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRANSLATION = ["experiments/head_count.py:quick", "experiments/pruning.py:quick", "experiments/diversity.py:quick",
                "experiments/gqa.py:translation"]
 CLASSIFICATION = ["experiments/head_count.py:sentiment", "experiments/pruning.py:sentiment"]
-NOT_PILOTED = ["experiments/gqa.py:translation"]  # declared; its pilot is the next run (docs/head_count.md)
+NOT_PILOTED: list[str] = []  # a design declared and not yet piloted refuses a plain run in one line (none now)
 
 
 def _task(spec: str) -> str:
