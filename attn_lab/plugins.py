@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable, Iterable
 from importlib import metadata
 
 from attn_lab.checks import load_user_module
@@ -83,20 +84,20 @@ def load_all(argv: list[str]) -> list[str]:
     return specs
 
 
+# Config sections a registry fills, prefix -> (the registered names below it, the entry a key below it names, from
+# the key's rest after the prefix). The registries
+# add themselves (attention/registry.py, objectives/base.py): this module, below them, imports neither.
+SECTIONS: dict[str, tuple[Callable[[], Iterable[str]], Callable[[str], str]]] = {}
+
+
 def unregistered(key: str) -> str | None:
     """Why a config key (``model.attention.<kernel>.<option>``, ``loss.<term>...``) is unknown in this process when
     a plugin would make it known: ``"attention kernel 'x' is not registered here: ..."``, or None for any other key.
     Said instead of "unknown key" or "was trained with": the run is fine, only its plugin is not loaded."""
-    from attn_lab.attention.registry import KERNELS
-    from attn_lab.objectives import TERMS
-
-    parts = key.removeprefix("config.").split(".")
-    if parts[:2] == ["model", "attention"] and len(parts) > 3 and parts[2] not in KERNELS:
-        what = f"attention kernel '{parts[2]}'"
-    elif parts[0] == "loss" and len(parts) > 2 and not any(key.removeprefix("config.").startswith(t.path + ".")
-                                                           for t in TERMS.values()):
-        what = f"loss term section '{'.'.join(parts[:-1])}'"
-    else:
-        return None
-    return (f"{what} is not registered here: load the plugin that registers it (--plugins FILE_OR_MODULE, or "
-            f"{ENV}, or the entry-point group {GROUP})")
+    key = key.removeprefix("config.")
+    for prefix, (names, named) in SECTIONS.items():
+        rest = key[len(prefix) + 1:] if key.startswith(prefix + ".") else ""
+        if rest.count(".") >= 1 and not any(rest.startswith(f"{n}.") for n in names()):
+            return (f"{named(rest)} is not registered here: load the plugin that registers it (--plugins "
+                    f"FILE_OR_MODULE, or {ENV}, or the entry-point group {GROUP})")
+    return None

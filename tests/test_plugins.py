@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from attn_lab import plugins
+from attn_lab import objectives, plugins  # noqa: F401 (objectives: its registry names the loss sections)
 from attn_lab.attention.registry import check_call
 from attn_lab.train import identity
 from tests.helpers import ROOT, tiny_numbers_flags

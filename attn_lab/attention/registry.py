@@ -15,6 +15,8 @@ from typing import Any, ClassVar
 import jax
 from flax import nnx
 
+from attn_lab import plugins
+
 KERNELS: dict[str, type["AttentionKernel"]] = {}
 
 
@@ -96,6 +98,9 @@ class AttentionKernel(nnx.Module):
           ``(out [batch, q_len, num_heads, head_dim], weights or None)``.
         """
         raise NotImplementedError
+
+
+plugins.SECTIONS["model.attention"] = (lambda: KERNELS, lambda rest: f"attention kernel '{rest.split('.')[0]}'")
 
 
 def register(name: str):

@@ -9,6 +9,7 @@ import jax
 import ml_collections
 from flax import nnx
 
+from attn_lab import plugins
 from attn_lab.models import attention_layers
 
 
@@ -86,6 +87,8 @@ class LossTerm:
 
 
 TERMS: dict[str, LossTerm] = {}
+plugins.SECTIONS["loss"] = (lambda: [t.path.removeprefix("loss.") for t in TERMS.values()],
+                            lambda rest: f"loss term section 'loss.{rest.rpartition('.')[0]}'")
 
 
 def register_term(cls: type[LossTerm]) -> type[LossTerm]:
