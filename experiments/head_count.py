@@ -5,9 +5,9 @@ fixed d_k (rows ``B-h<h>``), and 8 query heads sharing 1 or 2 key/value heads (`
   python -m attn_lab.sweep --experiment experiments/head_count.py:quick --workdir runs/head_count --pilot-and-verdict \
       --vmap-seeds --parallel 2  # pilot on seeds 0-4, its plan, then the verdict seeds the plan asks
 
-Presets: ``quick`` = ``translation`` (French -> English verses, rows A in test nats; MQA and uptrained GQA on it:
-``gqa.py:translation``), ``sentiment`` (tweets, true-class nats), ``demo``, ``lm*`` (decoder-only LM), ``numbers``,
-``sharp*``, ``full``, ``gpu``. Every run: docs/head_count.md.
+Presets: ``quick`` = ``translation`` (French -> English verses, rows A in test nats; ``translation_kv``: MQA, GQA),
+``sentiment`` (tweets, true-class nats), ``demo``, ``lm*`` (decoder-only LM), ``numbers``, ``sharp*``, ``full``,
+``gpu``. Every run: docs/head_count.md.
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ PRESETS = {
     "demo": Preset("head_count_demo", "configs/bible_lm.py:quick", rows(64, [8, 16], 16, [], ("A-h8", "A-h16")),
                    [500, 501, 502], DEMO_FINDING, "A-h8", NATS, overrides=budget(200)),
     "quick": TRANSLATION, "translation": TRANSLATION, "lm": LM,
+    "translation_kv": TRANSLATION.replace(name="head_count_translation_kv", arms=rows(64, [8], 16, [], (
+        "A-h8", "MQA-h8", "GQA-h8-kv2")), findings={k: FINDINGS_LM[k] for k in ("MQA-h8", "GQA-h8-kv2")}),
     "lm_powered": LM.replace(name="head_count_lm_powered", arms=rows(64, [1, 8], 16, [], ("A-h1", "A-h8")),
                              seeds=Powered(200), findings={"A-h1": FINDINGS_LM["A-h1"]}, pilot_seeds=range(100, 105)),
     "lm_mqa": LM.replace(name="head_count_lm_mqa", arms=rows(64, [8], 16, [], ("A-h8", "MQA-h8")), seeds=Powered(300),
