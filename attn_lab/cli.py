@@ -59,8 +59,9 @@ def _unknown_key(argv: list[str], error: Exception) -> str:
     message = f"unknown config key '{path}'"
     from attn_lab.plugins import unregistered  # a plugin's key: say which plugin is not loaded
 
-    if unregistered(path):
-        return f"{message}: {unregistered(path)}"
+    hint = unregistered(path)
+    if hint:
+        return f"{message}: {hint}"
     suggestion = re.search(r'Did you mean "([^"]+)"', text)
     if suggestion and missing in path.split("."):
         parts = path.split(".")

@@ -82,11 +82,14 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _count(value: Any) -> bool:
+    return _number(value) and isinstance(value, int) and value >= 0
+
+
 # A finished run's results.json, key -> (what belongs there, its test): what every reader of it relies on.
 RECORD = {"final": ("an object with 'test'", lambda v: isinstance(v, dict) and isinstance(v.get("test"), dict)),
           "best": ("an object", lambda v: isinstance(v, dict)),
-          "steps": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
-          "num_params": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)}
+          "steps": ("an integer", _count), "num_params": ("an integer", _count)}
 
 
 def record_problem(results: dict[str, Any]) -> str | None:

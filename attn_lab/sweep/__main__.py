@@ -25,7 +25,7 @@ import time
 
 from absl import flags
 
-from attn_lab import signals
+from attn_lab import results, signals
 from attn_lab.checks import check_path_lengths, check_seed, check_writable
 from attn_lab.cli import (
     DEFINE_integer_list,
@@ -37,7 +37,6 @@ from attn_lab.cli import (
 )
 from attn_lab.io import write_json_atomic
 from attn_lab.reporting.stats import INTERVAL
-from attn_lab.reporting.tables import read_json
 from attn_lab.reporting.verdicts import EXPLORATORY, file_sha256, plan_text, registration
 from attn_lab.sweep import pilot as pilot_lib
 from attn_lab.sweep import plans
@@ -161,31 +160,24 @@ def design_text(exp: Experiment) -> str:
 
 
 SWEEP_KEYS = ("experiment", "name")  # what every sweep.json holds ('registration' too, since sweeps register)
+KEPT = ("it holds the registration this sweep keeps when resumed; restore it, or move it away to register the sweep "
+        "anew (the trials' folders are kept)")
 
 
 def _sweep_info(workdir: str) -> dict | None:
-    """This folder's sweep.json (None: none yet). A damaged one (unreadable, truncated, a key missing) is refused in
-    one line, never replaced: it holds the registration a resumed sweep promises to keep."""
-    path = os.path.join(workdir, "sweep.json")
+    """This folder's sweep.json (None: none yet). A damaged one (unreadable, truncated, not an object, a key
+    missing) is refused in one line, never replaced: it holds the registration a resumed sweep promises to keep."""
     try:
-        old = read_json(path)
+        old = results.read_record(workdir, "sweep.json")
     except ValueError as e:
-        why = str(e).partition(" cannot be read ")[2].partition(";")[0] or str(e)
-        raise ValueError(damaged_registration(path, f"cannot be read {why}")) from None
-    if old is None:
-        return None
-    missing = [k for k in SWEEP_KEYS if not isinstance(old, dict) or k not in old]
+        raise ValueError(f"{e}: {KEPT}") from None
+    path = os.path.join(workdir, "sweep.json")
+    missing = [k for k in SWEEP_KEYS if old is not None and k not in old]
     if missing:
-        raise ValueError(damaged_registration(path, f"lacks '{missing[0]}'"))
-    if "registration" in old and not isinstance(old["registration"], dict):
-        raise ValueError(damaged_registration(path, f"holds registration={old['registration']!r}, not a record"))
+        raise ValueError(f"{path} lacks '{missing[0]}': {KEPT}")
+    if old is not None and "registration" in old and not isinstance(old["registration"], dict):
+        raise ValueError(f"{path} holds registration={old['registration']!r}, not a record: {KEPT}")
     return old
-
-
-def damaged_registration(path: str, what: str) -> str:
-    """The one line for a damaged sweep.json: what is wrong, and the two ways on (none replaces it silently)."""
-    return (f"{path} {what}: it holds the registration this sweep keeps when resumed; restore it, or move it away "
-            "to register the sweep anew (the trials' folders are kept)")
 
 
 def _registered(spec: str, workdir: str) -> dict | None:

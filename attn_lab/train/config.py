@@ -220,7 +220,7 @@ def _build_kernel(m: Any, kind: str, kv: int, call: Any) -> tuple[str, Any]:
         kernel.check(causal=call.causal, cross=call.cross, dropout=m.attention_dropout > 0)
     except ValueError as e:
         raise ValueError(f"{e} (used by {kind})") from None
-    if fused_path(getattr(kernel, "implementation", None)):  # a tile beyond shared memory: before any file exists
+    if _runs_fused(kernel):  # a tile beyond shared memory: before any file exists
         tile = getattr(kernel, "fused_block_size", None) or kernel.default_fused_block()
         try:
             fused_plan(tile, kernel.head_dim, jnp.dtype(m.dtype))
@@ -231,11 +231,13 @@ def _build_kernel(m: Any, kind: str, kv: int, call: Any) -> tuple[str, Any]:
     return name, kernel
 
 
-def fused_path(implementation: str | None) -> bool:
-    """Whether a kernel's implementation runs the fused Pallas kernel here (compiled, interpreted, or 'auto' once
-    fused is the GPU default), whose tile rule refuses a head dim beyond shared memory."""
-    return implementation in dispatch.FUSED or (implementation == "auto" and dispatch.FUSED_BY_DEFAULT
-                                                and dispatch.fused_refusal(jax.default_backend()) is None)
+def _runs_fused(kernel: Any) -> bool:
+    """Whether the kernel runs the fused Pallas kernel here (compiled, interpreted, or 'auto' once fused is the GPU
+    default: :func:`~attn_lab.attention.dispatch.choose_fused`, as the kernel decides at its call)."""
+    allowed = getattr(kernel, "IMPLEMENTATIONS", ())
+    return bool(set(allowed) & set(dispatch.FUSED)) and dispatch.choose_fused(
+        kernel.implementation, fallback="xla", needs_matrix=False, backend=jax.default_backend(),
+        allowed=allowed) in dispatch.FUSED
 
 
 def _check_unused(m: Any, cls: type) -> None:
